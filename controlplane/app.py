@@ -1,0 +1,110 @@
+"""The control plane's FastAPI application: wiring, error mapping, health and metrics.
+
+Routes live in modules named after what they manage (``registry``, ``publish``,
+``deployments``, ``fleet``, ``tokens``); this module only assembles them. Every
+``WeightshipError`` escaping a route becomes an ``ErrorBody`` with the error's status code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+from controlplane.db import make_engine, make_sessionmaker
+from controlplane.settings import Settings
+from weightship.errors import WeightshipError
+from weightship.schemas import ErrorBody, ErrorDetail
+
+__all__ = ["AppState", "create_app"]
+
+
+@dataclass
+class AppState:
+    """What every route reaches through ``request.app.state.ws``."""
+
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Any]
+    store: Any
+    metrics: CollectorRegistry
+    #: set whenever any serving pointer changes; long-polls wait on it
+    pointer_changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(code=code, message=message))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the application; nothing is opened until start-up."""
+    from controlplane import deployments, fleet, migrate, publish, registry, tokens
+    from controlplane.store import open_store
+
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.database_url.startswith("sqlite:///"):
+            Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(settings.database_url)
+        migrate.upgrade(engine)
+        state = AppState(
+            settings=settings,
+            engine=engine,
+            sessions=make_sessionmaker(engine),
+            store=open_store(settings),
+            metrics=CollectorRegistry(),
+        )
+        app.state.ws = state
+        tokens.bootstrap_admin(state)
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
+
+    @app.exception_handler(WeightshipError)
+    async def _weightship_error(_request: Request, exc: WeightshipError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return _error(exc.status_code, exc.code, exc.message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz(request: Request) -> PlainTextResponse:
+        state: AppState = request.app.state.ws
+        with state.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return PlainTextResponse("ready")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        state: AppState = request.app.state.ws
+        return Response(generate_latest(state.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    for module in (publish, registry, deployments, fleet, tokens):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,5 @@
+"""deployments routes (being written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""fleet routes (being written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""publish routes (being written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

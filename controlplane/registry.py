@@ -1,0 +1,5 @@
+"""registry routes (being written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

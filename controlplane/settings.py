@@ -1,0 +1,49 @@
+"""Control-plane settings: environment variables with embedded defaults.
+
+Every setting has a default that runs the control plane on one machine with no outside
+services: SQLite under ``./.weightship`` and a local-directory origin store.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Settings"]
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the control plane is configured with."""
+
+    #: SQLAlchemy URL; ``sqlite:///path`` (default) or ``postgresql+psycopg://...``
+    database_url: str = field(
+        default_factory=lambda: _env("WEIGHTSHIP_DATABASE_URL", "sqlite:///.weightship/controlplane.db")
+    )
+    #: ``local:/path`` (default) or ``s3://bucket[/prefix]``
+    store_url: str = field(default_factory=lambda: _env("WEIGHTSHIP_STORE", "local:.weightship/origin"))
+    #: S3 endpoint (moto, MinIO); empty means AWS
+    s3_endpoint_url: str = field(default_factory=lambda: _env("WEIGHTSHIP_S3_ENDPOINT_URL", ""))
+    s3_region: str = field(default_factory=lambda: _env("WEIGHTSHIP_S3_REGION", "us-east-1"))
+    #: bootstrap admin token; its hash is stored at start-up. Empty: none is created.
+    admin_token: str = field(default_factory=lambda: _env("WEIGHTSHIP_ADMIN_TOKEN", ""))
+    #: key for signing blob URLs the control plane serves itself (local store)
+    url_signing_key: str = field(default_factory=lambda: _env("WEIGHTSHIP_URL_SIGNING_KEY", secrets.token_hex(32)))
+    #: base URL at which agents and clients reach this control plane
+    public_url: str = field(default_factory=lambda: _env("WEIGHTSHIP_PUBLIC_URL", "http://127.0.0.1:8080"))
+    upload_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_UPLOAD_TTL", "86400")))
+    blob_url_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_BLOB_URL_TTL", "3600")))
+    node_stale_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_NODE_STALE_SECONDS", "30")))
+    long_poll_max_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_LONG_POLL_MAX", "30")))
+
+    def local_store_path(self) -> Path | None:
+        """The directory of a ``local:`` store, else ``None``."""
+        if self.store_url.startswith("local:"):
+            return Path(self.store_url.removeprefix("local:"))
+        return None

@@ -1,0 +1,116 @@
+"""One rooted exception tree for every weightship error.
+
+Lower-layer errors (boto, SQLAlchemy, aiohttp, httpx) are mapped into these at the boundary
+where they occur, so callers catch ours, never a library's. Errors split by behaviour:
+``TemporaryError`` means "retry later", everything else means "give up and report".
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthError",
+    "ConflictError",
+    "DiskFullError",
+    "ForbiddenError",
+    "IntegrityError",
+    "ManifestError",
+    "NotFoundError",
+    "PreconditionFailed",
+    "StoreError",
+    "TemporaryError",
+    "ValidationError",
+    "WeightshipError",
+]
+
+
+class WeightshipError(Exception):
+    """Root of every error weightship raises on purpose."""
+
+    #: HTTP status the control plane answers with when this error escapes a route.
+    status_code: int = 500
+    #: Short machine-readable code carried in API error bodies.
+    code: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ValidationError(WeightshipError):
+    """Input that is malformed or breaks a rule; fix the input and try again."""
+
+    status_code = 400
+    code = "invalid"
+
+
+class ManifestError(ValidationError):
+    """A manifest (or the model directory it is built from) breaks the manifest contract."""
+
+    code = "invalid_manifest"
+
+
+class IntegrityError(WeightshipError):
+    """Bytes do not match the digest or size that the manifest promises."""
+
+    status_code = 422
+    code = "integrity"
+
+
+class NotFoundError(WeightshipError):
+    """The named model, version, label, deployment, node or blob does not exist."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class ConflictError(WeightshipError):
+    """The request conflicts with the current state (label already used, no previous version)."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class PreconditionFailed(ConflictError):
+    """A compare-and-swap lost: the expected epoch or ETag is no longer current."""
+
+    status_code = 412
+    code = "precondition_failed"
+
+
+class AuthError(WeightshipError):
+    """No credentials, or credentials that are not valid."""
+
+    status_code = 401
+    code = "unauthenticated"
+
+
+class ForbiddenError(WeightshipError):
+    """Valid credentials whose role does not allow this call."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class StoreError(WeightshipError):
+    """The origin store failed in a way that retrying will not fix."""
+
+    status_code = 502
+    code = "store"
+
+
+class TemporaryError(WeightshipError):
+    """A failure that may pass: retry after ``delay`` seconds."""
+
+    status_code = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class DiskFullError(WeightshipError):
+    """Local disk (or quota) has no room for the bytes that must be written."""
+
+    status_code = 507
+    code = "disk_full"

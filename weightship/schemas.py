@@ -1,0 +1,477 @@
+"""HTTP schemas: the one definition of every request and response body weightship exchanges.
+
+The control plane, the agent, the CLI and the model server all speak these. Route list
+(all under ``/v1``, bearer token required; role in brackets, ``admin`` may do everything):
+
+Publishing [publisher]
+    POST   /v1/uploads                              UploadCreate  -> UploadSession
+    GET    /v1/uploads/{id}                                       -> UploadSession
+    PUT    /v1/uploads/{id}/blobs/{sha256}/parts/{n}  raw chunk   -> 204   (local store only)
+    POST   /v1/uploads/{id}/commit                                -> VersionInfo
+    DELETE /v1/uploads/{id}                                       -> 204
+Registry [any role]
+    GET    /v1/models                                             -> list[ModelInfo]
+    GET    /v1/models/{model}/versions                            -> list[VersionInfo]
+    GET    /v1/models/{model}/versions/{ref}                      -> VersionInfo (ref: label or sha256:…)
+    GET    /v1/models/{model}/versions/{ref}/manifest             -> manifest bytes exactly as stored
+    POST   /v1/models/{model}/labels               LabelCreate    -> VersionInfo [publisher]
+Deployments [reads: any role; writes: operator]
+    POST   /v1/deployments                         DeploymentCreate -> Deployment
+    GET    /v1/deployments                                        -> list[Deployment]
+    GET    /v1/deployments/{name}                                 -> Deployment, ETag: "<epoch>"
+    PUT    /v1/deployments/{name}/pointer  If-Match PointerUpdate -> Deployment (412 stale, 428 no If-Match)
+    POST   /v1/deployments/{name}/rollback [If-Match] RollbackRequest -> Deployment
+    GET    /v1/deployments/{name}/history                         -> list[PointerEvent]
+    GET    /v1/deployments/{name}/status                          -> DeploymentStatus
+Fleet [agent for node calls; reads: any role]
+    POST   /v1/nodes/register                      NodeRegistration -> NodeInfo
+    POST   /v1/nodes/{id}/heartbeat                NodeHeartbeat    -> 204
+    GET    /v1/nodes/{id}/desired?after=REV&wait=S                  -> DesiredState (long-poll)
+    POST   /v1/blobs/urls                          BlobURLRequest   -> BlobURLs
+    GET    /v1/nodes                                                -> list[NodeInfo]
+Tokens [admin]
+    POST   /v1/tokens                              TokenCreate      -> TokenCreated
+    GET    /v1/tokens                                               -> list[TokenInfo]
+    DELETE /v1/tokens/{id}                                          -> 204
+Unauthenticated operations endpoints: /healthz, /readyz, /metrics.
+
+Errors are ``ErrorBody``: ``{"error": {"code": ..., "message": ...}}``.
+
+The agent's local API (for model servers on the same host, no token; bound to localhost or a
+unix socket) lives under ``/local/v1``:
+    GET  /local/v1/deployments/{name}                       -> LocalDeployment
+    GET  /local/v1/deployments/{name}/wait?after_epoch=N&timeout=S -> LocalDeployment (204 on timeout)
+    POST /local/v1/validation                 ValidationReport -> 204
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BlobURL",
+    "BlobURLRequest",
+    "BlobURLs",
+    "BlobUpload",
+    "Deployment",
+    "DeploymentCreate",
+    "DeploymentState",
+    "DeploymentStatus",
+    "DesiredDeployment",
+    "DesiredState",
+    "ErrorBody",
+    "ErrorDetail",
+    "LabelCreate",
+    "LocalDeployment",
+    "ModelInfo",
+    "NodeCounters",
+    "NodeHealth",
+    "NodeHeartbeat",
+    "NodeInfo",
+    "NodeLabels",
+    "NodeRegistration",
+    "PartUpload",
+    "PointerEvent",
+    "PointerUpdate",
+    "Role",
+    "RollbackRequest",
+    "TokenCreate",
+    "TokenCreated",
+    "TokenInfo",
+    "UploadCreate",
+    "UploadSession",
+    "ValidationCheck",
+    "ValidationReport",
+    "VersionInfo",
+    "VersionInventory",
+    "VersionState",
+    "VersionStatus",
+]
+
+Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+HexDigest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
+Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Role(StrEnum):
+    """What a token may do; ``admin`` may do everything."""
+
+    publisher = "publisher"
+    operator = "operator"
+    agent = "agent"
+    admin = "admin"
+
+
+class ErrorDetail(_Schema):
+    """What went wrong, for people (message) and programs (code)."""
+
+    code: str
+    message: str
+
+
+class ErrorBody(_Schema):
+    """Body of every non-2xx response."""
+
+    error: ErrorDetail
+
+
+# --- publishing -------------------------------------------------------------------------------
+
+
+class UploadCreate(_Schema):
+    """Open (or resume) a publish session for a manifest."""
+
+    manifest: str = Field(description="the canonical manifest JSON, exactly the bytes to be stored")
+    labels: list[Label] = Field(default_factory=list)
+    allow_pickle: bool = False
+
+
+class PartUpload(_Schema):
+    """One part (= one chunk) of a blob to upload: PUT the chunk's bytes to ``url``."""
+
+    number: int = Field(ge=1, description="1-based part number; chunk index + 1")
+    offset: int = Field(ge=0)
+    length: int = Field(ge=0)
+    sha256: HexDigest
+    url: str = Field(description="absolute URL, or a path relative to the API base")
+    headers: dict[str, str] = Field(default_factory=dict, description="headers the PUT must carry")
+    done: bool = False
+
+
+class BlobUpload(_Schema):
+    """A file's blob: already in the store, or the parts still to upload."""
+
+    sha256: HexDigest
+    size: int = Field(ge=0)
+    present: bool
+    method: str = Field(description="'s3-multipart' or 'http-put'")
+    parts: list[PartUpload] = Field(default_factory=list)
+
+
+class UploadSession(_Schema):
+    """A publish session: upload the missing parts, then commit."""
+
+    id: str
+    model: Name
+    digest: Digest
+    state: str = Field(description="'open', 'committed' or 'aborted'")
+    expires_at: datetime
+    labels: list[Label]
+    blobs: list[BlobUpload]
+    bytes_total: int
+    bytes_missing: int
+
+
+class VersionInfo(_Schema):
+    """A published, immutable version."""
+
+    model: Name
+    digest: Digest
+    labels: list[Label]
+    state: str
+    size: int
+    files: int
+    created_at: datetime
+    created_by: str
+
+
+class LabelCreate(_Schema):
+    """Attach a label to a ready version; labels never move once set."""
+
+    label: Label
+    digest: Digest
+
+
+class ModelInfo(_Schema):
+    """A model and its version count."""
+
+    name: Name
+    versions: int
+    allow_pickle: bool = False
+    created_at: datetime
+
+
+# --- deployments and pointers -------------------------------------------------------------------
+
+
+class DeploymentCreate(_Schema):
+    """Create a deployment of a model; it serves nothing until its pointer is set."""
+
+    name: Name
+    model: Name
+
+
+class Deployment(_Schema):
+    """The serving pointer of a deployment."""
+
+    name: Name
+    model: Name
+    stable: Digest | None
+    previous_stable: Digest | None
+    canary: Digest | None
+    canary_share: Share
+    epoch: int
+    updated_at: datetime
+
+
+class PointerUpdate(_Schema):
+    """Set the pointer; refs are labels or digests of ready versions of the deployment's model."""
+
+    stable: str
+    canary: str | None = None
+    canary_share: Share = 0.0
+    reason: str = Field(default="", max_length=1024)
+
+
+class RollbackRequest(_Schema):
+    """Roll back to the previous stable version, or to ``to`` (label or digest)."""
+
+    to: str | None = None
+    reason: str = Field(default="", max_length=1024)
+
+
+class PointerEvent(_Schema):
+    """One audit row: every pointer change writes one, with its new epoch."""
+
+    epoch: int
+    action: str = Field(description="'set', 'promote', 'canary', 'abort' or 'rollback'")
+    actor: str
+    reason: str
+    from_stable: Digest | None
+    to_stable: Digest | None
+    from_canary: Digest | None
+    to_canary: Digest | None
+    canary_share: Share
+    at: datetime
+
+
+# --- fleet -------------------------------------------------------------------------------------
+
+
+class NodeLabels(_Schema):
+    """Where a node sits; used for canary selection and choosing peers and caches."""
+
+    region: str = "default"
+    cluster: str = "default"
+    zone: str = "default"
+    rack: str = "default"
+    gpu_type: str = "none"
+
+
+class NodeRegistration(_Schema):
+    """An agent introducing itself; the same name re-registers the same node."""
+
+    name: Name
+    labels: NodeLabels = Field(default_factory=NodeLabels)
+    role: str = Field(default="node", description="'node' or 'cache'")
+    address: str | None = Field(default=None, description="peer-serving base URL, if any")
+    deployments: list[Name] = Field(default_factory=list)
+
+
+class VersionState(StrEnum):
+    """Where a version stands on a node."""
+
+    fetching = "fetching"
+    ready = "ready"
+    failed = "failed"
+
+
+class VersionInventory(_Schema):
+    """One version on a node's disk."""
+
+    digest: Digest
+    state: VersionState
+    bytes_total: int
+    bytes_present: int
+    error: str | None = None
+
+
+class DeploymentState(_Schema):
+    """What a node serves for a deployment right now."""
+
+    name: Name
+    digest: Digest | None
+    epoch: int
+
+
+class NodeCounters(_Schema):
+    """Monotonic byte counters since the agent started."""
+
+    bytes_downloaded: int = 0
+    bytes_from_peers: int = 0
+    bytes_copied_locally: int = 0
+    chunks_rejected: int = 0
+
+
+class NodeHealth(_Schema):
+    """Node health as the agent sees it."""
+
+    disk_total: int = 0
+    disk_free: int = 0
+    quota_bytes: int = 0
+    used_bytes: int = 0
+    errors: list[str] = Field(default_factory=list)
+
+
+class ValidationCheck(_Schema):
+    """One check of a loaded model (smoke test, NaN/Inf scan, ...)."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class ValidationReport(_Schema):
+    """What a model server found when it loaded and validated a version."""
+
+    deployment: Name
+    digest: Digest
+    passed: bool
+    checks: list[ValidationCheck] = Field(default_factory=list)
+    load_seconds: float = 0.0
+    load_gbps: float = 0.0
+    at: datetime | None = None
+
+
+class NodeHeartbeat(_Schema):
+    """Periodic report of inventory, what is served, counters and health."""
+
+    inventory: list[VersionInventory] = Field(default_factory=list)
+    deployments: list[DeploymentState] = Field(default_factory=list)
+    counters: NodeCounters = Field(default_factory=NodeCounters)
+    health: NodeHealth = Field(default_factory=NodeHealth)
+    validation: list[ValidationReport] = Field(default_factory=list)
+    refused: list[str] = Field(default_factory=list, description="pointer updates refused (e.g. lower epoch)")
+
+
+class NodeInfo(_Schema):
+    """A node as the control plane knows it."""
+
+    id: str
+    name: Name
+    labels: NodeLabels
+    role: str
+    address: str | None
+    deployments: list[Name]
+    registered_at: datetime
+    last_seen: datetime | None
+    stale: bool
+    inventory: list[VersionInventory] = Field(default_factory=list)
+    serving: list[DeploymentState] = Field(default_factory=list)
+    counters: NodeCounters = Field(default_factory=NodeCounters)
+    health: NodeHealth = Field(default_factory=NodeHealth)
+
+
+class DesiredDeployment(_Schema):
+    """What one deployment wants this node to serve."""
+
+    name: Name
+    model: Name
+    digest: Digest | None
+    epoch: int
+    role: str = Field(description="'stable' or 'canary': which side of the split this node is on")
+    keep: list[Digest] = Field(description="versions to keep on disk: stable, previous stable, canary")
+
+
+class DesiredState(_Schema):
+    """The whole desired state of a node; ``revision`` changes whenever any part does."""
+
+    node_id: str
+    revision: str
+    deployments: list[DesiredDeployment]
+
+
+class BlobURLRequest(_Schema):
+    """Ask for short-lived read URLs of blobs (by file sha256)."""
+
+    blobs: list[HexDigest] = Field(max_length=10_000)
+
+
+class BlobURL(_Schema):
+    """A short-lived URL that serves one blob with HTTP range requests; no credentials needed."""
+
+    url: str
+    expires_at: datetime
+
+
+class BlobURLs(_Schema):
+    """Read URLs by blob sha256."""
+
+    urls: dict[str, BlobURL]
+
+
+class VersionStatus(_Schema):
+    """How a version of a deployment stands across the fleet."""
+
+    digest: Digest
+    role: str = Field(description="'stable', 'previous_stable' or 'canary'")
+    nodes_desired: int
+    nodes_ready: int
+    nodes_fetching: int
+    nodes_failed: int
+    nodes_serving: int
+    bytes_present: int
+    bytes_total: int
+
+
+class DeploymentStatus(_Schema):
+    """Fleet-wide view of one deployment."""
+
+    deployment: Deployment
+    versions: list[VersionStatus]
+    nodes: int
+    stale_nodes: int
+    lagging_nodes: list[str] = Field(description="nodes not yet serving what they should")
+
+
+# --- tokens ------------------------------------------------------------------------------------
+
+
+class TokenCreate(_Schema):
+    """Mint a token for a role."""
+
+    name: str = Field(min_length=1, max_length=128)
+    role: Role
+
+
+class TokenInfo(_Schema):
+    """A token without its secret."""
+
+    id: str
+    name: str
+    role: Role
+    created_at: datetime
+    created_by: str
+
+
+class TokenCreated(_Schema):
+    """A new token; ``token`` is shown once and only its hash is stored."""
+
+    id: str
+    name: str
+    role: Role
+    token: str
+
+
+# --- agent local API ---------------------------------------------------------------------------
+
+
+class LocalDeployment(_Schema):
+    """What a model server on this host should serve for a deployment."""
+
+    name: Name
+    model: Name | None
+    digest: Digest | None
+    path: str | None = Field(description="absolute path of the version directory")
+    epoch: int
+    ready: bool
