@@ -8,6 +8,8 @@ Routes live in modules named after what they manage (``registry``, ``publish``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from weightship.schemas import ErrorBody, ErrorDetail
 
 __all__ = ["AppState", "create_app"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class AppState:
@@ -49,9 +53,24 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
+async def _sweep_uploads_forever(state: AppState) -> None:
+    """Abort abandoned publish sessions (and their multipart uploads) every few minutes."""
+    from controlplane.publish import sweep_expired_uploads
+
+    while True:
+        await asyncio.sleep(state.settings.upload_sweep_seconds)
+        try:
+            aborted = await asyncio.to_thread(sweep_expired_uploads, state)
+        except WeightshipError as exc:
+            log.warning("upload_sweep_failed error=%s", exc.message)
+            continue
+        if aborted:
+            log.info("upload_sweep aborted=%d", aborted)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
-    from controlplane import deployments, fleet, migrate, publish, registry, tokens
+    from controlplane import deployments, fleet, metrics, migrate, publish, registry, tokens
     from controlplane.store import open_store
 
     settings = settings or Settings()
@@ -71,9 +90,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.ws = state
         tokens.bootstrap_admin(state)
+        metrics.metrics_of(state)  # so /metrics shows every series from the first scrape
+        sweeper = asyncio.create_task(_sweep_uploads_forever(state))
         try:
             yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             engine.dispose()
 
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
@@ -101,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return PlainTextResponse("ready")
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics(request: Request) -> Response:
+    async def metrics_endpoint(request: Request) -> Response:
         state: AppState = request.app.state.ws
         return Response(generate_latest(state.metrics), media_type=CONTENT_TYPE_LATEST)
 

@@ -34,11 +34,12 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     create_engine,
     event,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 __all__ = [
@@ -64,25 +65,21 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class UTCDateTime(DateTime):
-    """Stored as timezone-aware; SQLite hands back naive values, so reattach UTC."""
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stored as timezone-aware; SQLite hands back naive values, so reattach UTC on the way out."""
 
+    impl = DateTime(timezone=True)
     cache_ok = True
 
-    def __init__(self) -> None:
-        super().__init__(timezone=True)
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTCDateTime column; use controlplane.db.utcnow()")
+        return value
 
-    def result_processor(self, dialect: Any, coltype: Any) -> Any:
-        parent = super().result_processor(dialect, coltype)
-
-        def process(value: Any) -> Any:
-            if parent is not None:
-                value = parent(value)
-            if isinstance(value, datetime) and value.tzinfo is None:
-                value = value.replace(tzinfo=UTC)
-            return value
-
-        return process
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
 
 
 class Base(DeclarativeBase):

@@ -1,5 +1,470 @@
-"""deployments routes (being written)."""
+"""Deployments and their serving pointers: create, read, compare-and-swap, roll back, audit.
 
-from fastapi import APIRouter
+A deployment's row *is* its serving pointer: ``stable``, ``previous_stable``, ``canary`` with its
+``canary_share``, and ``epoch``. The rules this module keeps:
 
-router = APIRouter()
+- **Every change is a compare-and-swap on the epoch.** Clients read the pointer (``ETag: "<epoch>"``)
+  and send it back in ``If-Match``; the write is one statement,
+  ``UPDATE deployments SET ..., epoch = :expected + 1 WHERE name = :name AND epoch = :expected``.
+  Zero rows updated means someone else moved the pointer first: ``412 Precondition Failed``, and
+  the client must read again and re-apply its change. PostgreSQL (READ COMMITTED) re-evaluates the
+  WHERE clause after waiting for a concurrent writer; SQLite serialises writers; on both, exactly
+  one of several racing writers with the same ``If-Match`` wins. No locks are held between the read
+  and the write: the values written were computed from the row at ``:expected``, and any other
+  write would have moved the epoch.
+- **Every change writes one audit row** (``pointer_events``: epoch, action, who, why, from, to) in
+  the same transaction; ``(deployment, epoch)`` is unique, a second fence against double writes.
+- **Epochs only grow.** A rollback is a new, higher epoch naming the older digest, so agents that
+  refuse lower epochs (anti-rollback) still accept it.
+- **Refs** (in a pointer update or a rollback) are labels or ``sha256:`` digests of *ready*
+  versions of the deployment's own model.
+- **``previous_stable``** is whatever was stable before ``stable`` last changed; a rollback swaps
+  the two, so rolling back twice returns to where you started.
+
+After every committed change the app's ``pointer_changed`` condition is notified so that
+desired-state long-polls (``controlplane.fleet``) answer at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
+from sqlalchemy import exc, select, update
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.auth import ANY_ROLE, Principal, require
+from controlplane.db import DeploymentRow, LabelRow, ModelRow, PointerEventRow, VersionRow, utcnow
+from controlplane.metrics import metrics_of
+from weightship.errors import (
+    ConflictError,
+    NotFoundError,
+    PreconditionFailed,
+    PreconditionRequired,
+    TemporaryError,
+    ValidationError,
+)
+from weightship.schemas import (
+    Deployment,
+    DeploymentCreate,
+    PointerEvent,
+    PointerUpdate,
+    Role,
+    RollbackRequest,
+)
+
+__all__ = [
+    "GENERATION_KEY",
+    "Pointer",
+    "change_pointer",
+    "etag",
+    "notify_pointer_changed",
+    "parse_if_match",
+    "resolve_ready",
+    "router",
+    "to_schema",
+]
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
+
+#: ``AppState.extras`` key of a counter bumped on every pointer change (lets long-polls skip a wait)
+GENERATION_KEY = "pointer_generation"
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_ETAG = re.compile(r'^(?:W/)?(?:"(\d{1,18})"|(\d{1,18}))$')
+
+
+@dataclass(frozen=True, slots=True)
+class Pointer:
+    """The movable part of a deployment row."""
+
+    stable: str | None
+    previous_stable: str | None
+    canary: str | None
+    canary_share: float
+
+    @classmethod
+    def of(cls, row: DeploymentRow) -> Pointer:
+        """The pointer a row holds."""
+        return cls(row.stable, row.previous_stable, row.canary, row.canary_share)
+
+
+def etag(epoch: int) -> str:
+    """The strong ETag of a pointer at ``epoch``."""
+    return f'"{epoch}"'
+
+
+def parse_if_match(value: str | None, deployment: str) -> int:
+    """The epoch an ``If-Match`` header expects; 428 when it is missing, 400 when malformed."""
+    if value is None or not value.strip():
+        raise PreconditionRequired(
+            f"changing the pointer of {deployment!r} needs an If-Match header: GET /v1/deployments/{deployment} "
+            'and send its ETag back, e.g. If-Match: "3"'
+        )
+    match = _ETAG.match(value.strip())
+    if match is None:
+        raise ValidationError(
+            f'If-Match must be one ETag as returned by GET /v1/deployments/{deployment} (e.g. "3"); got {value!r}'
+        )
+    return int(match.group(1) or match.group(2))
+
+
+def to_schema(row: DeploymentRow) -> Deployment:
+    """A deployment row as the API shows it."""
+    return Deployment(
+        name=row.name,
+        model=row.model,
+        stable=row.stable,
+        previous_stable=row.previous_stable,
+        canary=row.canary,
+        canary_share=row.canary_share,
+        epoch=row.epoch,
+        updated_at=row.updated_at,
+    )
+
+
+def _event_schema(row: PointerEventRow) -> PointerEvent:
+    return PointerEvent(
+        epoch=row.epoch,
+        action=row.action,
+        actor=row.actor,
+        reason=row.reason,
+        from_stable=row.from_stable,
+        to_stable=row.to_stable,
+        from_canary=row.from_canary,
+        to_canary=row.to_canary,
+        canary_share=row.canary_share,
+        at=row.at,
+    )
+
+
+def _load(session: Session, name: str) -> DeploymentRow:
+    row = session.get(DeploymentRow, name)
+    if row is None:
+        raise NotFoundError(f"deployment {name!r} does not exist; create it with POST /v1/deployments")
+    return row
+
+
+def resolve_ready(session: Session, model: str, ref: str) -> str:
+    """The digest of the ready version of ``model`` that ``ref`` (label or ``sha256:`` digest) names."""
+    if _DIGEST.match(ref):
+        version = session.get(VersionRow, ref)
+        if version is None:
+            raise NotFoundError(f"version {ref} does not exist; publish it to model {model!r} first")
+        if version.model != model:
+            raise ConflictError(
+                f"version {ref} belongs to model {version.model!r}, but this deployment serves model {model!r}"
+            )
+    else:
+        if ref.startswith("sha256:"):
+            raise ValidationError(f"{ref!r} is not a valid digest: expected 'sha256:' followed by 64 lowercase hex")
+        label = session.get(LabelRow, (model, ref))
+        if label is None:
+            raise NotFoundError(
+                f"model {model!r} has no label {ref!r}; list its versions with GET /v1/models/{model}/versions"
+            )
+        version = session.get(VersionRow, label.digest)
+        if version is None:  # pragma: no cover - a foreign key makes this impossible
+            raise NotFoundError(f"label {ref!r} of model {model!r} names a version that does not exist")
+    if version.state != "ready":
+        raise ConflictError(
+            f"version {version.digest} of model {model!r} is {version.state!r}, not ready; only ready versions can be served"
+        )
+    return version.digest
+
+
+def _current_epoch(state: Any, name: str) -> int | None:
+    with state.sessions() as session:
+        row = session.get(DeploymentRow, name)
+        return None if row is None else row.epoch
+
+
+def _stale(state: Any, name: str, expected: int) -> PreconditionFailed:
+    current = _current_epoch(state, name)
+    metrics_of(state).pointer_conflicts.labels(deployment=name).inc()
+    log.info("pointer_cas_lost deployment=%s expected_epoch=%d current_epoch=%s", name, expected, current)
+    return PreconditionFailed(
+        f"deployment {name!r} is at epoch {current} (ETag {etag(current or 0)}), not {expected}: someone changed it; "
+        "GET it again, re-apply your change and retry"
+    )
+
+
+def change_pointer(
+    state: Any,
+    name: str,
+    expected: int,
+    before: Pointer,
+    after: Pointer,
+    *,
+    model: str,
+    action: str,
+    actor: str,
+    reason: str,
+) -> Deployment:
+    """Compare-and-swap the pointer of ``name`` from epoch ``expected`` (holding ``before``) to ``after``.
+
+    Writes the audit row in the same transaction; raises ``PreconditionFailed`` when the epoch
+    moved. Blocking: call from a worker thread, then ``await notify_pointer_changed(state)``.
+    """
+    now = utcnow()
+    won = False
+    try:
+        with state.sessions() as session, session.begin():
+            result = cast(
+                "CursorResult[Any]",
+                session.execute(
+                    update(DeploymentRow)
+                    .where(DeploymentRow.name == name, DeploymentRow.epoch == expected)
+                    .values(
+                        stable=after.stable,
+                        previous_stable=after.previous_stable,
+                        canary=after.canary,
+                        canary_share=after.canary_share,
+                        epoch=expected + 1,
+                        updated_at=now,
+                    )
+                    .execution_options(synchronize_session=False)
+                ),
+            )
+            won = result.rowcount == 1
+            if won:
+                session.add(
+                    PointerEventRow(
+                        deployment=name,
+                        epoch=expected + 1,
+                        action=action,
+                        actor=actor,
+                        reason=reason,
+                        from_stable=before.stable,
+                        to_stable=after.stable,
+                        from_canary=before.canary,
+                        to_canary=after.canary,
+                        canary_share=after.canary_share,
+                        at=now,
+                    )
+                )
+    except exc.IntegrityError as err:
+        # The unique (deployment, epoch) audit row says another writer took this epoch.
+        raise _stale(state, name, expected) from err
+    except exc.OperationalError as err:
+        raise TemporaryError(
+            f"the database is busy or unreachable while moving pointer {name!r}: {err.orig}; retry"
+        ) from err
+    if not won:
+        raise _stale(state, name, expected)
+    metrics_of(state).pointer_changes.labels(deployment=name, action=action).inc()
+    log.info(
+        "pointer_changed deployment=%s epoch=%d action=%s actor=%s stable=%s canary=%s share=%s",
+        name, expected + 1, action, actor, after.stable, after.canary, after.canary_share,
+    )  # fmt: skip
+    return Deployment(
+        name=name,
+        model=model,
+        stable=after.stable,
+        previous_stable=after.previous_stable,
+        canary=after.canary,
+        canary_share=after.canary_share,
+        epoch=expected + 1,
+        updated_at=now,
+    )
+
+
+async def notify_pointer_changed(state: Any) -> None:
+    """Wake every long-poll waiting on ``state.pointer_changed``; call after each committed change."""
+    async with state.pointer_changed:
+        state.extras[GENERATION_KEY] = state.extras.get(GENERATION_KEY, 0) + 1
+        state.pointer_changed.notify_all()
+
+
+def _action(before: Pointer, after: Pointer) -> str:
+    if before.canary is not None and after.canary is None and after.stable == before.canary != before.stable:
+        return "promote"
+    if after.stable == before.stable and after.canary is None and before.canary is not None:
+        return "abort"
+    if after.stable == before.stable and after.canary is not None:
+        return "canary"
+    return "set"
+
+
+def _set_pointer(state: Any, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
+    if body.canary is None and body.canary_share > 0:
+        raise ValidationError(
+            f"canary_share is {body.canary_share} but no canary is named; name one or set the share to 0"
+        )
+    with state.sessions() as session:
+        row = _load(session, name)
+        if row.epoch != expected:
+            raise _stale(state, name, expected)
+        stable = resolve_ready(session, row.model, body.stable)
+        canary = resolve_ready(session, row.model, body.canary) if body.canary is not None else None
+        before = Pointer.of(row)
+        model = row.model
+    if canary == stable:
+        raise ValidationError(
+            f"canary and stable are the same version {stable}; omit the canary to serve it everywhere"
+        )
+    after = Pointer(
+        stable=stable,
+        previous_stable=before.stable if stable != before.stable else before.previous_stable,
+        canary=canary,
+        canary_share=body.canary_share if canary is not None else 0.0,
+    )
+    return change_pointer(
+        state,
+        name,
+        expected,
+        before,
+        after,
+        model=model,
+        action=_action(before, after),
+        actor=actor,
+        reason=body.reason,
+    )
+
+
+def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest, actor: str) -> Deployment:
+    with state.sessions() as session:
+        row = _load(session, name)
+        if expected is not None and row.epoch != expected:
+            raise _stale(state, name, expected)
+        if body.to is not None:
+            target = resolve_ready(session, row.model, body.to)
+        elif row.previous_stable is None:
+            raise ConflictError(
+                f"deployment {name!r} has no previous stable version to roll back to "
+                f"(stable is {row.stable or 'unset'}); name a ready version with 'to' (label or digest)"
+            )
+        else:
+            target = resolve_ready(session, row.model, row.previous_stable)
+        before = Pointer.of(row)
+        epoch, model = row.epoch, row.model
+    if target == before.stable:
+        raise ConflictError(
+            f"deployment {name!r} already serves {target} as stable; to drop a canary, PUT the pointer without one"
+        )
+    after = Pointer(stable=target, previous_stable=before.stable, canary=None, canary_share=0.0)
+    return change_pointer(
+        state, name, epoch, before, after, model=model, action="rollback", actor=actor, reason=body.reason
+    )
+
+
+def _create(state: Any, body: DeploymentCreate) -> Deployment:
+    row = DeploymentRow(
+        name=body.name,
+        model=body.model,
+        stable=None,
+        previous_stable=None,
+        canary=None,
+        canary_share=0.0,
+        epoch=0,
+        updated_at=utcnow(),
+    )
+    with state.sessions() as session:
+        if session.get(ModelRow, body.model) is None:
+            raise NotFoundError(f"model {body.model!r} does not exist; publish a version of it first")
+        if session.get(DeploymentRow, body.name) is not None:
+            raise ConflictError(f"deployment {body.name!r} already exists; pick another name or GET it")
+        session.add(row)
+        try:
+            session.commit()
+        except exc.IntegrityError as err:
+            raise ConflictError(f"deployment {body.name!r} already exists; pick another name or GET it") from err
+    log.info("deployment_created deployment=%s model=%s", body.name, body.model)
+    return to_schema(row)
+
+
+IfMatch = Annotated[str | None, Header(alias="If-Match")]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Deployment)
+async def create_deployment(
+    body: DeploymentCreate,
+    request: Request,
+    response: Response,
+    _principal: Principal = Depends(require(Role.operator)),
+) -> Deployment:
+    """Create a deployment of a model; its pointer is empty (epoch 0) until set."""
+    state = request.app.state.ws
+    deployment = await run_in_threadpool(_create, state, body)
+    await notify_pointer_changed(state)
+    response.headers["ETag"] = etag(deployment.epoch)
+    return deployment
+
+
+@router.get("", response_model=list[Deployment])
+def list_deployments(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[Deployment]:
+    """Every deployment, by name."""
+    with request.app.state.ws.sessions() as session:
+        return [to_schema(row) for row in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
+
+
+@router.get("/{name}", response_model=Deployment)
+def get_deployment(
+    name: str, request: Request, response: Response, _principal: Principal = Depends(require(*ANY_ROLE))
+) -> Deployment:
+    """One deployment; ``ETag`` carries its epoch for the next ``If-Match``."""
+    with request.app.state.ws.sessions() as session:
+        deployment = to_schema(_load(session, name))
+    response.headers["ETag"] = etag(deployment.epoch)
+    return deployment
+
+
+@router.put("/{name}/pointer", response_model=Deployment)
+async def set_pointer(
+    name: str,
+    body: PointerUpdate,
+    request: Request,
+    response: Response,
+    if_match: IfMatch = None,
+    principal: Principal = Depends(require(Role.operator)),
+) -> Deployment:
+    """Compare-and-swap the pointer: 428 without ``If-Match``, 412 when it is stale."""
+    state = request.app.state.ws
+    expected = parse_if_match(if_match, name)
+    deployment = await run_in_threadpool(_set_pointer, state, name, expected, body, principal.name)
+    await notify_pointer_changed(state)
+    response.headers["ETag"] = etag(deployment.epoch)
+    return deployment
+
+
+@router.post("/{name}/rollback", response_model=Deployment)
+async def rollback(
+    name: str,
+    request: Request,
+    response: Response,
+    body: RollbackRequest | None = None,
+    if_match: IfMatch = None,
+    principal: Principal = Depends(require(Role.operator)),
+) -> Deployment:
+    """Make the previous stable version (or ``to``) stable again, at a new epoch; drops any canary."""
+    state = request.app.state.ws
+    expected = parse_if_match(if_match, name) if if_match is not None else None
+    deployment = await run_in_threadpool(_rollback, state, name, expected, body or RollbackRequest(), principal.name)
+    await notify_pointer_changed(state)
+    response.headers["ETag"] = etag(deployment.epoch)
+    return deployment
+
+
+@router.get("/{name}/history", response_model=list[PointerEvent])
+def history(
+    name: str,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before_epoch: Annotated[int | None, Query(ge=1)] = None,
+    _principal: Principal = Depends(require(*ANY_ROLE)),
+) -> list[PointerEvent]:
+    """Pointer changes, newest first; page with ``before_epoch``."""
+    with request.app.state.ws.sessions() as session:
+        _load(session, name)
+        query = select(PointerEventRow).where(PointerEventRow.deployment == name)
+        if before_epoch is not None:
+            query = query.where(PointerEventRow.epoch < before_epoch)
+        rows = session.scalars(query.order_by(PointerEventRow.epoch.desc()).limit(limit)).all()
+        return [_event_schema(row) for row in rows]

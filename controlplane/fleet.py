@@ -1,5 +1,380 @@
-"""fleet routes (being written)."""
+"""The fleet: node registry, heartbeats, desired state per node (with long-poll), deployment status.
 
-from fastapi import APIRouter
+**Registration.** An agent registers by name; the same name re-registers the same node (same id,
+labels and deployments replaced), so a restarted agent keeps its identity.
 
+**Heartbeats** store the agent's whole report (inventory, what it serves, counters, health) and
+``last_seen``. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
+
+**Desired state.** For each deployment a node serves (that exists), the node should serve the
+pointer's ``stable`` digest, or its ``canary`` digest when the node is in the canary subset. The
+subset is a stable hashed one: a node is a canary of deployment *d* when
+
+    bucket(d, node) = first 64 bits of sha256("<d>/<node name>") / 2**64   (uniform in [0, 1))
+    bucket(d, node) < canary_share
+
+so membership depends only on the two names and the share: growing the share only adds nodes
+(those already in stay in), nodes joining or leaving never move anyone else, and every replica of
+the control plane computes the same answer without coordination. The subset's size follows the
+share statistically (binomial: about ``share x nodes``, exact only on average), which is the
+price of needing no fleet-wide view; ``GET /v1/deployments/{name}/status`` reports the real
+count (``nodes_desired`` of the canary). Each node also gets ``keep``: stable, previous stable
+and canary, the versions it must hold on disk (so a rollback downloads nothing).
+
+**Revision.** ``revision`` is a hash of the desired content, so it changes exactly when something
+the node must act on changes. ``GET /v1/nodes/{id}/desired?after=REV&wait=S`` answers at once when
+the revision differs from ``after``; otherwise it waits on the app's ``pointer_changed``
+condition (notified by every pointer change in this process) and re-reads the database at
+least every ``RECHECK_SECONDS``, so changes committed by another replica are seen within about a
+second too. When ``wait`` runs out it answers with the unchanged state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response, status
+from sqlalchemy import exc, select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.auth import ANY_ROLE, Principal, require
+from controlplane.db import DeploymentRow, NodeRow, VersionRow, utcnow
+from controlplane.deployments import GENERATION_KEY, to_schema
+from controlplane.metrics import metrics_of
+from weightship.digests import sha256_hex
+from weightship.errors import NotFoundError, ValidationError
+from weightship.schemas import (
+    DeploymentStatus,
+    DesiredDeployment,
+    DesiredState,
+    NodeHeartbeat,
+    NodeInfo,
+    NodeLabels,
+    NodeRegistration,
+    Role,
+    VersionState,
+    VersionStatus,
+)
+
+__all__ = [
+    "RECHECK_SECONDS",
+    "canary_bucket",
+    "desired_deployment",
+    "desired_state",
+    "in_canary",
+    "nodes_router",
+    "router",
+    "status_router",
+]
+
+log = logging.getLogger(__name__)
+
+nodes_router = APIRouter(prefix="/v1/nodes", tags=["fleet"])
+status_router = APIRouter(prefix="/v1/deployments", tags=["fleet"])
 router = APIRouter()
+
+#: longest a waiting long-poll goes without re-reading the database (changes by other replicas)
+RECHECK_SECONDS = 1.0
+
+_NODE_ROLES = ("node", "cache")
+
+
+# --- desired state (pure) ------------------------------------------------------------------------
+
+
+def canary_bucket(deployment: str, node: str) -> float:
+    """Where ``node`` falls in [0, 1) for ``deployment``; fixed for the pair, uniform across nodes."""
+    return int(sha256_hex(f"{deployment}/{node}".encode())[:16], 16) / 2**64
+
+
+def in_canary(deployment: str, node: str, share: float) -> bool:
+    """Whether ``node`` is in the canary subset of ``deployment`` at ``share``."""
+    return share > 0 and canary_bucket(deployment, node) < share
+
+
+def desired_deployment(row: DeploymentRow, node: str) -> DesiredDeployment:
+    """What ``row``'s pointer asks of the node called ``node``."""
+    canary = row.canary is not None and in_canary(row.name, node, row.canary_share)
+    keep = list(dict.fromkeys(d for d in (row.stable, row.previous_stable, row.canary) if d is not None))
+    return DesiredDeployment(
+        name=row.name,
+        model=row.model,
+        digest=row.canary if canary else row.stable,
+        epoch=row.epoch,
+        role="canary" if canary else "stable",
+        keep=keep,
+    )
+
+
+def desired_state(node_id: str, node: str, deployments: Iterable[DeploymentRow]) -> DesiredState:
+    """The whole desired state of a node, with the revision that names its content."""
+    wanted = [desired_deployment(row, node) for row in sorted(deployments, key=lambda r: r.name)]
+    content = json.dumps([d.model_dump(mode="json") for d in wanted], sort_keys=True, separators=(",", ":"))
+    return DesiredState(node_id=node_id, revision=sha256_hex(content.encode())[:32], deployments=wanted)
+
+
+# --- database reads ------------------------------------------------------------------------------
+
+
+def _node(session: Session, node_id: str) -> NodeRow:
+    row = session.get(NodeRow, node_id)
+    if row is None:
+        raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+    return row
+
+
+def _deployments(session: Session, names: list[str]) -> list[DeploymentRow]:
+    if not names:
+        return []
+    return list(session.scalars(select(DeploymentRow).where(DeploymentRow.name.in_(names))))
+
+
+def _read_desired(state: Any, node_id: str) -> DesiredState:
+    with state.sessions() as session:
+        node = _node(session, node_id)
+        return desired_state(node.id, node.name, _deployments(session, list(node.deployments)))
+
+
+def _report(row: NodeRow) -> NodeHeartbeat:
+    try:
+        return NodeHeartbeat.model_validate(row.report or {})
+    except ValueError:
+        # A report stored by an older agent that no longer parses: show the node, not its report.
+        log.warning("node_report_unreadable node=%s", row.name)
+        return NodeHeartbeat()
+
+
+def _is_stale(row: NodeRow, now: datetime, stale_seconds: float) -> bool:
+    return row.last_seen is None or now - row.last_seen > timedelta(seconds=stale_seconds)
+
+
+def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
+    report = _report(row)
+    return NodeInfo(
+        id=row.id,
+        name=row.name,
+        labels=NodeLabels.model_validate(row.labels or {}),
+        role=row.role,
+        address=row.address,
+        deployments=list(row.deployments),
+        registered_at=row.registered_at,
+        last_seen=row.last_seen,
+        stale=_is_stale(row, now, stale_seconds),
+        inventory=report.inventory,
+        serving=report.deployments,
+        counters=report.counters,
+        health=report.health,
+    )
+
+
+# --- node routes ---------------------------------------------------------------------------------
+
+
+def _register(state: Any, body: NodeRegistration) -> NodeInfo:
+    if body.role not in _NODE_ROLES:
+        raise ValidationError(f"node role must be one of {', '.join(_NODE_ROLES)}; got {body.role!r}")
+    for attempt in range(2):
+        now = utcnow()
+        with state.sessions() as session:
+            row = session.scalars(select(NodeRow).where(NodeRow.name == body.name)).first()
+            created = row is None
+            if row is None:
+                row = NodeRow(id=uuid.uuid4().hex, name=body.name, registered_at=now, report={})
+                session.add(row)
+            row.labels = body.labels.model_dump(mode="json")
+            row.role = body.role
+            row.address = body.address
+            row.deployments = list(dict.fromkeys(body.deployments))
+            row.last_seen = now
+            try:
+                session.commit()
+            except exc.IntegrityError:
+                # The same name registered concurrently: the second pass finds and updates that row.
+                session.rollback()
+                if attempt:
+                    raise
+                continue
+            log.info("node_registered node=%s node_id=%s new=%s role=%s", row.name, row.id, created, row.role)
+            return _node_info(row, now, state.settings.node_stale_seconds)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _heartbeat(state: Any, node_id: str, body: NodeHeartbeat) -> None:
+    with state.sessions() as session:
+        row = _node(session, node_id)
+        row.report = body.model_dump(mode="json")
+        row.last_seen = utcnow()
+        session.commit()
+
+
+def _list_nodes(state: Any, deployment: str | None) -> list[NodeInfo]:
+    now = utcnow()
+    with state.sessions() as session:
+        rows = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
+        return [
+            _node_info(row, now, state.settings.node_stale_seconds)
+            for row in rows
+            if deployment is None or deployment in row.deployments
+        ]
+
+
+@nodes_router.post("/register", response_model=NodeInfo)
+async def register(
+    body: NodeRegistration, request: Request, _principal: Principal = Depends(require(Role.agent))
+) -> NodeInfo:
+    """Register a node, or re-register it under the same name (same id)."""
+    state = request.app.state.ws
+    info = await run_in_threadpool(_register, state, body)
+    metrics_of(state).node_registrations.inc()
+    return info
+
+
+@nodes_router.post("/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
+async def heartbeat(
+    node_id: str, body: NodeHeartbeat, request: Request, _principal: Principal = Depends(require(Role.agent))
+) -> Response:
+    """Store a node's report and mark it seen."""
+    state = request.app.state.ws
+    await run_in_threadpool(_heartbeat, state, node_id, body)
+    metrics_of(state).heartbeats.inc()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@nodes_router.get("/{node_id}/desired", response_model=DesiredState)
+async def desired(
+    node_id: str,
+    request: Request,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    wait: Annotated[float, Query(ge=0, le=3600)] = 0.0,
+    _principal: Principal = Depends(require(Role.agent)),
+) -> DesiredState:
+    """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
+    state = request.app.state.ws
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait, state.settings.long_poll_max_seconds)
+    gauge = metrics_of(state).long_polls_waiting
+    condition: asyncio.Condition = state.pointer_changed
+    gauge.inc()
+    try:
+        while True:
+            generation = state.extras.get(GENERATION_KEY, 0)
+            current = await run_in_threadpool(_read_desired, state, node_id)
+            remaining = deadline - loop.time()
+            if after is None or current.revision != after or remaining <= 0 or await request.is_disconnected():
+                return current
+            async with condition:
+                if state.extras.get(GENERATION_KEY, 0) == generation:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(condition.wait(), timeout=min(RECHECK_SECONDS, remaining))
+    finally:
+        gauge.dec()
+
+
+@nodes_router.get("", response_model=list[NodeInfo])
+async def list_nodes(
+    request: Request,
+    deployment: Annotated[str | None, Query(max_length=128)] = None,
+    _principal: Principal = Depends(require(*ANY_ROLE)),
+) -> list[NodeInfo]:
+    """Every registered node (optionally only those serving ``deployment``), with its stale flag."""
+    return await run_in_threadpool(_list_nodes, request.app.state.ws, deployment)
+
+
+# --- deployment status ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    digest: str
+    role: str
+    size: int
+    desired: int = 0
+    ready: int = 0
+    fetching: int = 0
+    failed: int = 0
+    serving: int = 0
+    present: int = 0
+    total: int = 0
+
+    def schema(self) -> VersionStatus:
+        return VersionStatus(
+            digest=self.digest,
+            role=self.role,
+            nodes_desired=self.desired,
+            nodes_ready=self.ready,
+            nodes_fetching=self.fetching,
+            nodes_failed=self.failed,
+            nodes_serving=self.serving,
+            bytes_present=self.present,
+            bytes_total=self.total,
+        )
+
+
+def _status(state: Any, name: str) -> DeploymentStatus:
+    now = utcnow()
+    stale_seconds = state.settings.node_stale_seconds
+    with state.sessions() as session:
+        row = session.get(DeploymentRow, name)
+        if row is None:
+            raise NotFoundError(f"deployment {name!r} does not exist; list deployments with GET /v1/deployments")
+        nodes = [
+            n
+            for n in session.scalars(select(NodeRow).order_by(NodeRow.name))
+            if name in n.deployments and n.role == "node"
+        ]
+        roles = {"stable": row.stable, "canary": row.canary, "previous_stable": row.previous_stable}
+        tallies: dict[str, _Tally] = {}
+        for role, digest in roles.items():
+            if digest is not None and digest not in tallies:
+                version = session.get(VersionRow, digest)
+                tallies[digest] = _Tally(digest=digest, role=role, size=version.size if version else 0)
+    live = [n for n in nodes if not _is_stale(n, now, stale_seconds)]
+    lagging: list[str] = []
+    for node in live:
+        report = _report(node)
+        want = desired_deployment(row, node.name).digest
+        held = {item.digest: item for item in report.inventory}
+        served = next((d.digest for d in report.deployments if d.name == name), None)
+        for tally in tallies.values():
+            item = held.get(tally.digest)
+            if item is not None:
+                tally.ready += item.state == VersionState.ready
+                tally.fetching += item.state == VersionState.fetching
+                tally.failed += item.state == VersionState.failed
+                tally.present += item.bytes_present
+                tally.total += item.bytes_total
+            if tally.digest == want:
+                tally.desired += 1
+                if item is None:
+                    tally.total += tally.size
+            tally.serving += served == tally.digest
+        if want is not None and served != want:
+            lagging.append(node.name)
+    return DeploymentStatus(
+        deployment=to_schema(row),
+        versions=[t.schema() for t in tallies.values()],
+        nodes=len(nodes),
+        stale_nodes=len(nodes) - len(live),
+        lagging_nodes=lagging,
+    )
+
+
+@status_router.get("/{name}/status", response_model=DeploymentStatus)
+async def deployment_status(
+    name: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
+) -> DeploymentStatus:
+    """How each version of a deployment stands across the fleet's live nodes."""
+    return await run_in_threadpool(_status, request.app.state.ws, name)
+
+
+router.include_router(nodes_router)
+router.include_router(status_router)

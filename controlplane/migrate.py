@@ -1,10 +1,99 @@
-"""Schema migrations (being written: Alembic). For now: create tables."""
+"""Schema migrations: bring a database to the newest Alembic revision, safely from many replicas.
 
-from sqlalchemy.engine import Engine
+The control plane calls ``upgrade(engine)`` at start-up, and ``weightship-controlplane migrate``
+does the same from the command line. Several replicas may start at once against one database,
+so the whole upgrade runs in one transaction that first takes a lock:
 
-from controlplane.db import Base
+- PostgreSQL: ``pg_advisory_xact_lock`` (released at commit); DDL is transactional, so a failed
+  migration leaves nothing behind.
+- SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before Alembic reads its version
+  table, so a second process waits (busy timeout) and then finds the schema already at head.
+
+The revisions live in ``controlplane/migrations/versions``; ``controlplane/db.py`` must match the
+newest one (``tests/controlplane/test_migrations.py`` compares them on both databases).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import exc, text
+from sqlalchemy.engine import Connection, Engine
+
+from weightship.errors import TemporaryError
+
+__all__ = ["MIGRATIONS_DIR", "alembic_config", "current_revision", "downgrade", "head_revision", "upgrade"]
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+#: arbitrary constant naming the advisory lock that serialises migrations on PostgreSQL
+_PG_LOCK_KEY = 0x77_73_6D_69_67  # "wsmig"
 
 
-def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest version."""
-    Base.metadata.create_all(engine)
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic ``Config`` for our migrations, optionally bound to an open connection."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision the code knows."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no migration revisions found under {MIGRATIONS_DIR}")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at; ``None`` for an empty database."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def _lock(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
+    elif conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _migrate(engine: Engine, target: str, *, down: bool) -> None:
+    try:
+        with engine.connect() as conn:
+            _lock(conn)
+            before = MigrationContext.configure(conn).get_current_revision()
+            config = alembic_config(conn)
+            if down:
+                command.downgrade(config, target)
+            else:
+                command.upgrade(config, target)
+            after = MigrationContext.configure(conn).get_current_revision()
+            conn.commit()
+    except exc.OperationalError as err:
+        raise TemporaryError(
+            f"could not migrate the database at {engine.url.render_as_string(hide_password=True)}: {err.orig}; "
+            "check that it is reachable and not locked by another process, then retry",
+            delay=5.0,
+        ) from err
+    if before != after:
+        log.info("schema_migrated from=%s to=%s dialect=%s", before, after, engine.dialect.name)
+
+
+def upgrade(engine: Engine, target: str = "head") -> None:
+    """Bring the schema to ``target`` (default: the newest revision); a no-op when already there."""
+    _migrate(engine, target, down=False)
+
+
+def downgrade(engine: Engine, target: str) -> None:
+    """Revert the schema to ``target`` (``"base"`` drops everything); for tests and operators."""
+    _migrate(engine, target, down=True)

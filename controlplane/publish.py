@@ -1,5 +1,589 @@
-"""publish routes (being written)."""
+"""Publishing over REST: upload sessions, their parts, commit, and the expiry of abandoned ones.
 
-from fastapi import APIRouter
+A session carries one manifest from "bytes on a publisher's disk" to "ready version"::
 
-router = APIRouter()
+    open ──commit──▶ committed
+      └──DELETE or expiry──▶ aborted
+
+``POST /v1/uploads`` validates the manifest (``parse_manifest``; pickle files only where allowed),
+refuses labels that already name other content, and asks the store which blobs it lacks: for each
+it opens an upload (S3 multipart, or local staging) and records ``blob sha256 -> upload id`` in
+the row's ``uploads``. A blob missing from ``uploads`` was in the store already. The answer lists,
+per missing blob, one part per chunk with where to PUT it: a presigned S3 ``UploadPart`` URL with
+the ``x-amz-checksum-sha256`` header it must carry, or ``/v1/uploads/{id}/blobs/{sha}/parts/{n}``
+on this API (local store), where the part is hashed while it streams to disk and kept only if it
+matches its chunk digest.
+
+Opening the same manifest again while its session is open returns that session (resume), with
+``done`` set on every part the store already holds (S3 ``ListParts``, local part markers), new
+labels, and a new expiry. Content that is already a ready version gets a session with nothing to
+upload, and committing it returns the same version id.
+
+``POST /v1/uploads/{id}/commit`` completes every upload through the store, which verifies sizes and
+chunk digests before anything is published under ``blobs/``; then writes the manifest (write-once),
+the provenance record and the label records, and only then inserts the version row, ready. Any
+failure leaves the version absent: a part that does not match is an ``IntegrityError`` (422), a
+part never uploaded a ``ConflictError`` (409); the session stays open to fix it.
+
+Sessions expire at ``expires_at`` (``settings.upload_ttl_seconds`` after the last open). Expired
+sessions are swept (store uploads aborted, staging removed, state ``aborted``) at every open and
+by ``sweep_expired_uploads``, which a periodic task may call. The clock is
+``state.extras["clock"]`` when set, so tests control time.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import ValidationError as PydanticValidationError
+from sqlalchemy import select, update
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.auth import Principal, require
+from controlplane.db import ModelRow, UploadSessionRow, VersionRow, utcnow
+from controlplane.registry import (
+    as_utc,
+    check_labels_free,
+    claim_label_objects,
+    database_errors,
+    pickle_files,
+    record_version,
+    version_info,
+)
+from controlplane.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
+from controlplane.store.parts import plan_parts, stat_matches
+from weightship.errors import (
+    ConflictError,
+    IntegrityError,
+    ManifestError,
+    NotFoundError,
+    StoreError,
+    ValidationError,
+    WeightshipError,
+)
+from weightship.manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, canonical_json, parse_manifest
+from weightship.schemas import BlobUpload, PartUpload, Role, UploadCreate, UploadSession, VersionInfo
+
+__all__ = ["MAX_REQUEST_BYTES", "clock_of", "commit_session", "open_session", "router", "sweep_expired_uploads"]
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/uploads", tags=["publish"])
+
+#: A manifest inside a JSON string may grow by escaping; anything beyond this is refused unread.
+MAX_REQUEST_BYTES = 2 * MAX_MANIFEST_BYTES + 64 * 1024
+_WRITE_BUFFER = 1024 * 1024
+_SWEEP_BATCH = 50
+_POOL = 8
+_CACHE_SIZE = 8
+_CACHE: OrderedDict[str, Manifest] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_PUBLISHER = require(Role.publisher)
+_T = TypeVar("_T")
+
+
+def clock_of(state: Any) -> Callable[[], datetime]:
+    """The clock sessions expire by: ``state.extras["clock"]`` if set, else the wall clock."""
+    clock: Callable[[], datetime] | None = state.extras.get("clock")
+    return clock if clock is not None else utcnow
+
+
+def _manifest(raw: bytes, digest: str) -> Manifest:
+    """The parsed manifest of a session, cached by digest (part uploads look it up every time)."""
+    with _CACHE_LOCK:
+        cached = _CACHE.get(digest)
+        if cached is not None:
+            _CACHE.move_to_end(digest)
+            return cached
+    manifest = parse_manifest(raw)
+    with _CACHE_LOCK:
+        _CACHE[digest] = manifest
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return manifest
+
+
+def _in_parallel(fn: Callable[[FileEntry], _T], entries: list[FileEntry]) -> list[_T]:
+    """``fn`` over ``entries`` on a small pool; raises the first ``IntegrityError``, else the first error."""
+    if len(entries) <= 1:
+        return [fn(e) for e in entries]
+    results: list[_T] = []
+    errors: list[WeightshipError] = []
+    with ThreadPoolExecutor(min(_POOL, len(entries)), thread_name_prefix="ws-publish") as pool:
+        for future in [pool.submit(fn, e) for e in entries]:
+            try:
+                results.append(future.result())
+            except WeightshipError as err:
+                errors.append(err)
+    if errors:
+        raise next((e for e in errors if isinstance(e, IntegrityError)), errors[0])
+    return results
+
+
+def _check_stored(entry: FileEntry, stat: BlobStat, chunk_size: int) -> None:
+    if not stat_matches(stat, entry, chunk_size):
+        raise IntegrityError(
+            f"the store already holds blob {entry.sha256} ({entry.path}), but its size or checksums differ from "
+            "this manifest's; the manifest's digests are wrong: rebuild it from the files and publish again"
+        )
+
+
+# --- opening and resuming -----------------------------------------------------------------------
+
+
+def _begin_uploads(store: OriginStore, manifest: Manifest) -> dict[str, str]:
+    """Open an upload for every blob the store lacks; ``{sha256: upload id}``.
+
+    If any blob fails, the uploads already opened are aborted again before the error is raised.
+    """
+
+    def begin(entry: FileEntry) -> tuple[str, str | None, WeightshipError | None]:
+        try:
+            stat = store.stat_blob(entry.sha256)
+            if stat is not None:
+                _check_stored(entry, stat, manifest.chunk_size)
+                return entry.sha256, None, None
+            if entry.size == 0:
+                store.put_once(blob_key(entry.sha256), b"")
+                return entry.sha256, None, None
+            return entry.sha256, store.begin_upload(entry.sha256, manifest.chunk_size), None
+        except WeightshipError as err:
+            return entry.sha256, None, err
+
+    results = _in_parallel(begin, manifest.blobs())
+    opened = {sha: upload_id for sha, upload_id, _ in results if upload_id is not None}
+    errors = [err for _, _, err in results if err is not None]
+    if errors:
+        _abort_all(store, opened, best_effort=True)
+        raise next((e for e in errors if isinstance(e, IntegrityError)), errors[0])
+    return opened
+
+
+def _refresh(
+    store: OriginStore, uploads: Mapping[str, str], manifest: Manifest
+) -> tuple[dict[str, str], dict[str, set[int]]]:
+    """Which parts each open upload holds; drops blobs published meanwhile and replaces lost uploads."""
+    entries = [e for e in manifest.blobs() if e.sha256 in uploads]
+
+    def check(entry: FileEntry) -> tuple[str, str | None, set[int]]:
+        sha, upload_id = entry.sha256, uploads[entry.sha256]
+        stat = store.stat_blob(sha)
+        if stat is not None:
+            _check_stored(entry, stat, manifest.chunk_size)
+            store.abort_upload(sha, upload_id)
+            return sha, None, set()
+        try:
+            held = store.uploaded_parts(sha, upload_id)
+        except NotFoundError:
+            return sha, store.begin_upload(sha, manifest.chunk_size), set()
+        done = {
+            p.number
+            for p in plan_parts(entry, manifest.chunk_size)
+            if (h := held.get(p.number)) is not None and h.size == p.length and h.sha256 in (None, p.sha256)
+        }
+        return sha, upload_id, done
+
+    fresh: dict[str, str] = {}
+    done: dict[str, set[int]] = {}
+    for sha, upload_id, parts in _in_parallel(check, entries):
+        if upload_id is not None:
+            fresh[sha] = upload_id
+            done[sha] = parts
+    return fresh, done
+
+
+def _view(
+    state: Any, row: UploadSessionRow, manifest: Manifest, done: Mapping[str, set[int]], now: datetime
+) -> UploadSession:
+    """The API view of a session: per blob, present, or its parts with where to PUT them."""
+    store: OriginStore = state.store
+    expires_in = max(60, int((row.expires_at - now).total_seconds()))
+    method = "s3-multipart" if store.kind == "s3" else "http-put"
+    blobs: list[BlobUpload] = []
+    missing = 0
+    for entry in manifest.blobs():
+        upload_id = row.uploads.get(entry.sha256)
+        if upload_id is None or row.state != "open":
+            present = row.state == "committed" or upload_id is None
+            blobs.append(BlobUpload(sha256=entry.sha256, size=entry.size, present=present, method=method))
+            continue
+        parts: list[PartUpload] = []
+        for spec in plan_parts(entry, manifest.chunk_size):
+            target = store.part_target(entry.sha256, upload_id, spec, expires_in)
+            is_done = spec.number in done.get(entry.sha256, set())
+            missing += 0 if is_done else spec.length
+            parts.append(
+                PartUpload(
+                    number=spec.number,
+                    offset=spec.offset,
+                    length=spec.length,
+                    sha256=spec.sha256,
+                    url=target.url if target else f"/v1/uploads/{row.id}/blobs/{entry.sha256}/parts/{spec.number}",
+                    headers=target.headers if target else {},
+                    done=is_done,
+                )
+            )
+        blobs.append(BlobUpload(sha256=entry.sha256, size=entry.size, present=False, method=method, parts=parts))
+    return UploadSession(
+        id=row.id,
+        model=row.model,
+        digest=row.digest,
+        state=row.state,
+        expires_at=row.expires_at,
+        labels=list(row.labels),
+        blobs=blobs,
+        bytes_total=manifest.total_size,
+        bytes_missing=missing,
+    )
+
+
+def open_session(state: Any, principal: Principal, create: UploadCreate) -> tuple[UploadSession, bool]:
+    """Open a session for ``create.manifest``, or resume its open one; ``True`` if newly opened."""
+    store: OriginStore = state.store
+    manifest = parse_manifest(create.manifest.encode("utf-8"))
+    store.check_manifest(manifest)
+    labels = list(dict.fromkeys(create.labels))
+    now = clock_of(state)()
+    ttl = timedelta(seconds=int(state.settings.upload_ttl_seconds))
+    sweep_expired_uploads(state, now=now, limit=_SWEEP_BATCH)
+    with database_errors("opening an upload session"), state.sessions() as session:
+        model = session.get(ModelRow, manifest.model)
+        allow_pickle = create.allow_pickle or (model is not None and model.allow_pickle)
+        pickled = pickle_files(manifest)
+        if pickled and not allow_pickle:
+            raise ManifestError(
+                f"pickle-format files {pickled[:5]} can run code when loaded; convert them to safetensors, or "
+                f"publish with allow_pickle to allow pickle for model {manifest.model!r}"
+            )
+        check_labels_free(session, manifest.model, manifest.digest, labels)
+        ready = session.get(VersionRow, manifest.digest) is not None
+        row = session.scalars(
+            select(UploadSessionRow)
+            .where(
+                UploadSessionRow.digest == manifest.digest,
+                UploadSessionRow.state == "open",
+                UploadSessionRow.expires_at > now,
+            )
+            .order_by(UploadSessionRow.created_at.desc())
+            .limit(1)
+        ).first()
+        if row is not None:
+            uploads, done = _refresh(store, row.uploads, manifest)
+            row.uploads = uploads
+            row.labels = labels
+            row.allow_pickle = allow_pickle
+            row.expires_at = now + ttl
+            session.commit()
+            log.info("event=upload_resumed session=%s model=%s digest=%s", row.id, row.model, row.digest)
+            return _view(state, row, manifest, done, now), False
+    uploads = {} if ready else _begin_uploads(store, manifest)
+    row = UploadSessionRow(
+        id="up_" + secrets.token_hex(16),
+        model=manifest.model,
+        digest=manifest.digest,
+        manifest=manifest.raw,
+        labels=labels,
+        allow_pickle=allow_pickle,
+        uploads=uploads,
+        state="open",
+        created_at=now,
+        expires_at=now + ttl,
+        created_by=principal.name,
+    )
+    try:
+        with database_errors("opening an upload session"), state.sessions() as session:
+            session.add(row)
+            session.commit()
+    except WeightshipError:
+        _abort_all(store, uploads, best_effort=True)
+        raise
+    log.info(
+        "event=upload_opened session=%s model=%s digest=%s blobs_missing=%d by=%s",
+        row.id,
+        row.model,
+        row.digest,
+        len(uploads),
+        principal.name,
+    )
+    return _view(state, row, manifest, {}, now), True
+
+
+# --- expiry and abort ---------------------------------------------------------------------------
+
+
+def _abort_all(store: OriginStore, uploads: Mapping[str, str], best_effort: bool = False) -> None:
+    """Abort store uploads; ``best_effort`` (cleaning up after another error) logs failures instead."""
+    for sha, upload_id in uploads.items():
+        try:
+            store.abort_upload(sha, upload_id)
+        except WeightshipError as err:
+            if not best_effort:
+                raise
+            log.warning("event=upload_abort_failed blob=%s upload=%s error=%r", sha, upload_id, err.message)
+
+
+def _abort(state: Any, row: UploadSessionRow, reason: str) -> None:
+    """Abort the session's store uploads, then mark it aborted (only if still open)."""
+    _abort_all(state.store, row.uploads)
+    with database_errors("aborting an upload session"), state.sessions() as session:
+        session.execute(
+            update(UploadSessionRow)
+            .where(UploadSessionRow.id == row.id, UploadSessionRow.state == "open")
+            .values(state="aborted")
+        )
+        session.commit()
+    row.state = "aborted"
+    log.info("event=upload_aborted session=%s digest=%s reason=%s", row.id, row.digest, reason)
+
+
+def sweep_expired_uploads(state: Any, now: datetime | None = None, limit: int = 500) -> int:
+    """Abort up to ``limit`` open sessions past their expiry; returns how many were aborted.
+
+    A store failure leaves that session open for the next sweep rather than failing the caller.
+    """
+    now = now or clock_of(state)()
+    with database_errors("sweeping upload sessions"), state.sessions() as session:
+        rows = session.scalars(
+            select(UploadSessionRow)
+            .where(UploadSessionRow.state == "open", UploadSessionRow.expires_at <= now)
+            .order_by(UploadSessionRow.expires_at)
+            .limit(limit)
+        ).all()
+    swept = 0
+    for row in rows:
+        try:
+            _abort(state, row, "expired")
+            swept += 1
+        except WeightshipError as err:
+            log.warning("event=upload_sweep_failed session=%s error=%r", row.id, err.message)
+    return swept
+
+
+def _load(state: Any, upload_id: str) -> UploadSessionRow:
+    with database_errors(f"reading upload session {upload_id}"), state.sessions() as session:
+        row: UploadSessionRow | None = session.get(UploadSessionRow, upload_id)
+    if row is None:
+        raise NotFoundError(f"upload session {upload_id!r} does not exist; open one with POST /v1/uploads")
+    row.expires_at = as_utc(row.expires_at)  # detached: this changes nothing stored
+    return row
+
+
+def _load_open(state: Any, upload_id: str, now: datetime) -> UploadSessionRow:
+    row = _load(state, upload_id)
+    if row.state == "open" and row.expires_at <= now:
+        _abort(state, row, "expired")
+        raise ConflictError(
+            f"upload session {upload_id} expired at {row.expires_at.isoformat()}; its parts were discarded: "
+            "publish again (POST /v1/uploads)"
+        )
+    if row.state != "open":
+        raise ConflictError(f"upload session {upload_id} is {row.state}; open a new one with POST /v1/uploads")
+    return row
+
+
+# --- commit -------------------------------------------------------------------------------------
+
+
+def _publish_blobs(store: OriginStore, manifest: Manifest, uploads: Mapping[str, str]) -> None:
+    """Complete (and so verify) every upload; blobs already in the store are checked, not re-sent."""
+
+    def publish(entry: FileEntry) -> None:
+        sha, upload_id = entry.sha256, uploads.get(entry.sha256)
+        stat = store.stat_blob(sha)
+        if stat is not None:
+            _check_stored(entry, stat, manifest.chunk_size)
+            if upload_id is not None:
+                store.abort_upload(sha, upload_id)
+            return
+        if entry.size == 0:
+            store.put_once(blob_key(sha), b"")
+            return
+        if upload_id is None:
+            raise ConflictError(
+                f"blob {sha} ({entry.path}) is not in the store and this session has no upload for it; "
+                "open the session again (POST /v1/uploads with the same manifest)"
+            )
+        if not store.complete_upload(sha, upload_id, plan_parts(entry, manifest.chunk_size)):
+            stat = store.stat_blob(sha)
+            if stat is None:
+                raise StoreError(f"blob {sha} was reported present by {store.describe()} but cannot be found")
+            _check_stored(entry, stat, manifest.chunk_size)
+
+    _in_parallel(publish, manifest.blobs())
+
+
+def commit_session(state: Any, principal: Principal, upload_id: str) -> VersionInfo:
+    """Verify and publish every blob, write manifest and labels, then record the version as ready."""
+    store: OriginStore = state.store
+    now = clock_of(state)()
+    row = _load(state, upload_id)
+    if row.state == "committed":
+        with database_errors("reading a version"), state.sessions() as session:
+            version = session.get(VersionRow, row.digest)
+            if version is not None:
+                return version_info(session, version)
+    row = _load_open(state, upload_id, now)
+    labels = list(row.labels)
+    with database_errors("checking labels"), state.sessions() as session:
+        check_labels_free(session, row.model, row.digest, labels)
+    manifest = _manifest(row.manifest, row.digest)
+    _publish_blobs(store, manifest, row.uploads)
+    key = manifest_key(manifest.digest)
+    if not store.put_once(key, manifest.raw) and store.get_bytes(key, MAX_MANIFEST_BYTES) != manifest.raw:
+        raise IntegrityError(
+            f"the store holds other bytes under {key}; the origin store is corrupt: restore it from a backup"
+        )
+    provenance = {
+        "digest": manifest.digest,
+        "model": manifest.model,
+        "created_by": principal.name,
+        "created_at": now.isoformat(),
+        "session": row.id,
+    }
+    store.put_once(provenance_key(manifest.digest), canonical_json(provenance))  # the first publisher's stays
+    claim_label_objects(store, manifest.model, labels, manifest.digest, principal.name, now)
+    info = record_version(state, manifest, labels, principal.name, now, row.allow_pickle)
+    with database_errors("closing an upload session"), state.sessions() as session:
+        session.execute(update(UploadSessionRow).where(UploadSessionRow.id == row.id).values(state="committed"))
+        session.commit()
+    log.info(
+        "event=version_committed session=%s model=%s digest=%s labels=%s by=%s",
+        row.id,
+        manifest.model,
+        manifest.digest,
+        ",".join(labels),
+        principal.name,
+    )
+    return info
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    too_big = f"request body exceeds {limit} bytes: a manifest may be at most {MAX_MANIFEST_BYTES} bytes"
+    if declared.isdigit() and int(declared) > limit:
+        raise ManifestError(too_big)
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise ManifestError(too_big)
+    return bytes(body)
+
+
+@router.post(
+    "",
+    response_model=UploadSession,
+    status_code=201,
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": UploadCreate.model_json_schema()}}}
+    },
+)
+async def create_upload(
+    request: Request, response: Response, principal: Principal = Depends(_PUBLISHER)
+) -> UploadSession:
+    """Open a publish session (201), or resume the open one for the same manifest (200)."""
+    body = await _read_body(request, MAX_REQUEST_BYTES)
+    try:
+        create = UploadCreate.model_validate_json(body)
+    except PydanticValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise ValidationError(f"{where}: {first.get('msg', 'invalid')}") from None
+    session, created = await run_in_threadpool(open_session, request.app.state.ws, principal, create)
+    response.status_code = 201 if created else 200
+    return session
+
+
+@router.get("/{upload_id}", response_model=UploadSession)
+def get_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> UploadSession:
+    """A session with fresh part URLs and ``done`` flags."""
+    state = request.app.state.ws
+    now = clock_of(state)()
+    row = _load(state, upload_id)
+    manifest = _manifest(row.manifest, row.digest)
+    if row.state == "open" and row.expires_at <= now:
+        _abort(state, row, "expired")
+    done: dict[str, set[int]] = {}
+    if row.state == "open":
+        uploads, done = _refresh(state.store, row.uploads, manifest)
+        if uploads != row.uploads:
+            with database_errors("updating an upload session"), state.sessions() as session:
+                session.execute(update(UploadSessionRow).where(UploadSessionRow.id == row.id).values(uploads=uploads))
+                session.commit()
+            row.uploads = uploads
+    return _view(state, row, manifest, done, now)
+
+
+def _part(state: Any, upload_id: str, sha256: str, number: int) -> tuple[str, PartSpec]:
+    row = _load_open(state, upload_id, clock_of(state)())
+    manifest = _manifest(row.manifest, row.digest)
+    entry = next((e for e in manifest.files if e.sha256 == sha256), None)
+    if entry is None:
+        raise NotFoundError(f"blob {sha256} is not part of the manifest of upload session {upload_id}")
+    upload = row.uploads.get(sha256)
+    if upload is None:
+        raise ConflictError(f"blob {sha256} is already in the store; it needs no upload")
+    parts = plan_parts(entry, manifest.chunk_size)
+    if not 1 <= number <= len(parts):
+        raise NotFoundError(f"blob {sha256} has parts 1 to {len(parts)}, not {number}")
+    return upload, parts[number - 1]
+
+
+@router.put("/{upload_id}/blobs/{sha256}/parts/{number}", status_code=204, response_class=Response)
+async def put_part(
+    upload_id: str, sha256: str, number: int, request: Request, _principal: Principal = Depends(_PUBLISHER)
+) -> Response:
+    """Stream one part to the local store's staging; kept only if its length and SHA-256 match."""
+    state = request.app.state.ws
+    store: OriginStore = state.store
+    store_upload, spec = await run_in_threadpool(_part, state, upload_id, sha256, number)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) != spec.length:
+        raise IntegrityError(
+            f"part {number} of blob {sha256} must be {spec.length} bytes, the request declares {declared} "
+            "(truncated or oversized upload); send exactly the chunk's bytes"
+        )
+    writer = await run_in_threadpool(store.open_part, sha256, store_upload, spec)
+    try:
+        buffer = bytearray()
+        async for piece in request.stream():
+            buffer += piece
+            if len(buffer) >= _WRITE_BUFFER:
+                await run_in_threadpool(writer.write, bytes(buffer))
+                buffer.clear()
+        if buffer:
+            await run_in_threadpool(writer.write, bytes(buffer))
+        await run_in_threadpool(writer.finish)
+    except BaseException:
+        writer.discard()
+        raise
+    return Response(status_code=204)
+
+
+@router.post("/{upload_id}/commit", response_model=VersionInfo)
+def commit_upload(upload_id: str, request: Request, principal: Principal = Depends(_PUBLISHER)) -> VersionInfo:
+    """Verify every blob and make the version ready (see the module docstring)."""
+    return commit_session(request.app.state.ws, principal, upload_id)
+
+
+@router.delete("/{upload_id}", status_code=204, response_class=Response)
+def delete_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> Response:
+    """Abandon a session: its store uploads are aborted and its parts discarded."""
+    state = request.app.state.ws
+    row = _load(state, upload_id)
+    if row.state == "committed":
+        raise ConflictError(f"upload session {upload_id} is committed; a committed version is never deleted")
+    if row.state == "open":
+        _abort(state, row, "deleted")
+    return Response(status_code=204)

@@ -38,6 +38,8 @@ class Settings:
     #: base URL at which agents and clients reach this control plane
     public_url: str = field(default_factory=lambda: _env("WEIGHTSHIP_PUBLIC_URL", "http://127.0.0.1:8080"))
     upload_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_UPLOAD_TTL", "86400")))
+    #: how often abandoned publish sessions are looked for and aborted
+    upload_sweep_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_UPLOAD_SWEEP_SECONDS", "300")))
     blob_url_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_BLOB_URL_TTL", "3600")))
     node_stale_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_NODE_STALE_SECONDS", "30")))
     long_poll_max_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_LONG_POLL_MAX", "30")))

@@ -10,7 +10,7 @@ import re
 
 from weightship.errors import ValidationError
 
-__all__ = ["ALGORITHM", "format_digest", "hex_of", "is_hex", "parse_digest", "sha256_hex"]
+__all__ = ["ALGORITHM", "format_digest", "hex_of", "is_hex", "parse_digest", "sha256_hex", "sha256_stream"]
 
 ALGORITHM = "sha256"
 _HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -20,6 +20,11 @@ _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 def sha256_hex(data: bytes | bytearray | memoryview) -> str:
     """SHA-256 of ``data`` as 64 lowercase hex characters."""
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_stream() -> hashlib._Hash:
+    """An incremental SHA-256 for bytes that arrive in pieces; ``hexdigest()`` matches ``sha256_hex``."""
+    return hashlib.sha256()
 
 
 def format_digest(hex_value: str) -> str:

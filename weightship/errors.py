@@ -16,6 +16,7 @@ __all__ = [
     "ManifestError",
     "NotFoundError",
     "PreconditionFailed",
+    "PreconditionRequired",
     "StoreError",
     "TemporaryError",
     "ValidationError",
@@ -75,6 +76,13 @@ class PreconditionFailed(ConflictError):
 
     status_code = 412
     code = "precondition_failed"
+
+
+class PreconditionRequired(ValidationError):
+    """A compare-and-swap write sent without ``If-Match``: read the current ETag and send it."""
+
+    status_code = 428
+    code = "precondition_required"
 
 
 class AuthError(WeightshipError):

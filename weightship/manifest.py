@@ -206,6 +206,13 @@ class Manifest:
                 return entry
         raise KeyError(path)
 
+    def blobs(self) -> list[FileEntry]:
+        """One entry per distinct blob (file sha256), in manifest order; identical files share one."""
+        distinct: dict[str, FileEntry] = {}
+        for entry in self.files:
+            distinct.setdefault(entry.sha256, entry)
+        return list(distinct.values())
+
     def tensors(self) -> dict[str, tuple[FileEntry, TensorInfo]]:
         """Every tensor of every safetensors file, by name."""
         found: dict[str, tuple[FileEntry, TensorInfo]] = {}
@@ -314,6 +321,7 @@ def parse_manifest(raw: bytes) -> Manifest:
     manifest = Manifest(model=model, chunk_size=chunk_size, files=files, metadata=metadata)
     _require(manifest.raw == raw, "manifest bytes are not canonical JSON (sorted keys, no whitespace, UTF-8)")
     _check_tensor_names(manifest)
+    _check_blob_agreement(manifest.files)
     manifest.__dict__["raw"] = raw
     return manifest
 
@@ -331,6 +339,18 @@ def _check_unique_paths(paths: Iterable[str]) -> None:
             if parent.casefold() in seen:
                 raise ManifestError(f"file path {path!r} is nested under file {parent!r}")
             parent = str(PurePosixPath(parent).parent)
+
+
+def _check_blob_agreement(files: Iterable[FileEntry]) -> None:
+    """Files that share a sha256 must agree on size and chunks, or the manifest contradicts itself."""
+    first_of: dict[str, FileEntry] = {}
+    for entry in files:
+        first = first_of.setdefault(entry.sha256, entry)
+        if (first.size, first.chunks) != (entry.size, entry.chunks):
+            raise ManifestError(
+                f"{first.path!r} and {entry.path!r} claim the same sha256 {entry.sha256} but differ in size or "
+                "chunks; rebuild the manifest from the files"
+            )
 
 
 def _check_tensor_names(manifest: Manifest) -> None:

@@ -23,7 +23,7 @@ Deployments [reads: any role; writes: operator]
     POST   /v1/deployments/{name}/rollback [If-Match] RollbackRequest -> Deployment
     GET    /v1/deployments/{name}/history                         -> list[PointerEvent]
     GET    /v1/deployments/{name}/status                          -> DeploymentStatus
-Fleet [agent for node calls; reads: any role]
+Fleet [agent for node calls (blob URLs: agent or operator); reads: any role]
     POST   /v1/nodes/register                      NodeRegistration -> NodeInfo
     POST   /v1/nodes/{id}/heartbeat                NodeHeartbeat    -> 204
     GET    /v1/nodes/{id}/desired?after=REV&wait=S                  -> DesiredState (long-poll)
@@ -39,9 +39,11 @@ Errors are ``ErrorBody``: ``{"error": {"code": ..., "message": ...}}``.
 
 The agent's local API (for model servers on the same host, no token; bound to localhost or a
 unix socket) lives under ``/local/v1``:
+    GET  /local/v1/deployments                              -> list[LocalDeployment]
     GET  /local/v1/deployments/{name}                       -> LocalDeployment
     GET  /local/v1/deployments/{name}/wait?after_epoch=N&timeout=S -> LocalDeployment (204 on timeout)
     POST /local/v1/validation                 ValidationReport -> 204
+    GET  /local/v1/status                                   -> NodeHeartbeat (the agent's own report)
 """
 
 from __future__ import annotations

@@ -275,3 +275,16 @@ def test_multi_chunk_files_hash_in_parallel_and_match_serial(tmp_path: Path) -> 
     seen: list[int] = []
     build_manifest(root, "tiny", chunk_size=CHUNK, progress=seen.append)
     assert sum(seen) == sum(f.size for f in parallel.files)
+
+
+def test_files_sharing_a_sha256_must_agree_on_size_and_chunks(make_model: Any) -> None:
+    root = make_model(extra_files={"a.txt": b"same", "b.txt": b"same"})
+    manifest = build_manifest(root, "tiny", chunk_size=CHUNK)
+    assert len(manifest.blobs()) == len(manifest.files) - 1
+
+    def contradict(doc: dict[str, Any]) -> None:
+        entry = next(f for f in doc["files"] if f["path"] == "b.txt")
+        entry["size"] = 3
+
+    with pytest.raises(ManifestError, match="same sha256"):
+        parse_manifest(_tamper(manifest.raw, contradict))

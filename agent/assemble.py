@@ -1,0 +1,167 @@
+"""Assembling one version end to end, from manifest to an installed ``versions/<hex>/``.
+
+1. The manifest: the copy in the staging area if a fetch was interrupted (so a restart does
+   not even need the control plane for it), else from the control plane, checked to hash to
+   the version digest before it is parsed.
+2. The staging area is opened; after an interruption every journaled chunk is hashed again.
+3. Files identical to a file of a ready version are hard-linked (zero bytes written).
+4. Retention makes room for the bytes still to be written, or raises ``DiskFullError``.
+5. The fetcher places every missing chunk (local copies, then range requests), verified.
+6. The files are fsynced and made read-only, the verification record is written, and the
+   directory is renamed into ``versions/``; only then does the version count as ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from agent.counters import Counters
+from agent.fetcher import Fetcher
+from agent.logs import event
+from agent.retention import Retention
+from agent.staging import Staging
+from agent.store import VersionStore
+from weightship.digests import format_digest, hex_of, sha256_hex
+from weightship.errors import IntegrityError
+from weightship.layout import MANIFEST_FILE, META_DIR
+from weightship.manifest import Manifest, parse_manifest
+
+__all__ = ["Assembler", "ManifestSource", "Progress"]
+
+log = logging.getLogger("agent.assemble")
+
+#: how often a running fetch logs its progress
+PROGRESS_LOG_SECONDS = 10.0
+_R = TypeVar("_R")
+
+
+class ManifestSource(Protocol):
+    """Whatever serves manifest bytes (the control-plane client)."""
+
+    async def manifest(self, model: str, digest: str) -> bytes:
+        """The manifest bytes of ``digest``."""
+        ...
+
+
+@dataclass
+class Progress:
+    """How far the assembly of one version has come; read by heartbeats."""
+
+    bytes_total: int = 0
+    bytes_present: int = 0
+
+
+class Assembler:
+    """Turns a version digest into a ready, verified ``versions/<hex>/``."""
+
+    def __init__(
+        self,
+        store: VersionStore,
+        retention: Retention,
+        fetcher: Fetcher,
+        manifests: ManifestSource,
+        counters: Counters,
+        executor: Executor,
+        protected: Callable[[], set[str]],
+    ) -> None:
+        self.store = store
+        self.retention = retention
+        self.fetcher = fetcher
+        self.manifests = manifests
+        self.counters = counters
+        self.executor = executor
+        self.protected = protected
+
+    async def _run(self, fn: Callable[..., _R], *args: object) -> _R:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def manifest(self, model: str, digest: str) -> Manifest:
+        """The verified, parsed manifest of ``digest``."""
+        staged = self.store.staging_dir / hex_of(digest) / META_DIR / MANIFEST_FILE
+        raw: bytes | None = None
+        if staged.exists():
+            raw = staged.read_bytes()
+            if format_digest(sha256_hex(raw)) != digest:
+                raw = None
+        if raw is None:
+            raw = await self.manifests.manifest(model, digest)
+        manifest = parse_manifest(raw)
+        if manifest.digest != digest:
+            raise IntegrityError(f"manifest for {digest} has digest {manifest.digest}; refused")
+        return manifest
+
+    async def assemble(self, model: str, digest: str, progress: Progress) -> None:
+        """Fetch, verify and install ``digest``; raises a ``WeightshipError`` saying what failed."""
+        began = time.monotonic()
+        manifest = await self.manifest(model, digest)
+        progress.bytes_total = manifest.total_size
+        staging = Staging(self.store.staging_dir, manifest)
+        resumed = staging.journal_path.exists()
+        try:
+            await self._run(staging.open)
+            if resumed:
+                await self._run(staging.reverify)
+            linked = await self._run(staging.link_identical, self.store.local_files())
+            self.counters.add(bytes_copied_locally=linked)
+            progress.bytes_present = staging.bytes_present()
+            jobs = staging.jobs()
+            need = sum(job.bytes_placed for job in jobs)
+            event(
+                log,
+                "assemble.start",
+                digest=digest,
+                bytes_total=manifest.total_size,
+                bytes_present=progress.bytes_present,
+                bytes_linked=linked,
+                bytes_needed=need,
+                resumed=resumed,
+            )
+            # The protected set is read here, on the event loop, where it is kept.
+            await self._run(self.retention.make_room, digest, need, self.protected())
+
+            started = last_log = time.monotonic()
+            start_bytes = progress.bytes_present
+
+            def placed(n: int) -> None:
+                nonlocal last_log
+                progress.bytes_present += n
+                self.retention.progress(digest, n)
+                now = time.monotonic()
+                if now - last_log >= PROGRESS_LOG_SECONDS:
+                    last_log = now
+                    rate = (progress.bytes_present - start_bytes) / max(now - started, 1e-9)
+                    event(
+                        log,
+                        "fetch.progress",
+                        digest=digest,
+                        bytes_present=progress.bytes_present,
+                        bytes_total=manifest.total_size,
+                        mb_per_s=f"{rate / 1e6:.1f}",
+                    )
+
+            try:
+                await self.fetcher.fetch(staging, {**self.store.local_chunks(), **staging.own_chunks()}, placed)
+            finally:
+                self.retention.release(digest)
+            final = await self._run(staging.finish)
+            await self._run(self.store.install, final, manifest)
+            staging.discard_journal()
+        finally:
+            staging.close()
+        progress.bytes_present = manifest.total_size
+        seconds = time.monotonic() - began
+        event(
+            log,
+            "assemble.ready",
+            digest=digest,
+            bytes=manifest.total_size,
+            bytes_placed=need,
+            seconds=f"{seconds:.3f}",
+            mb_per_s=f"{need / max(seconds, 1e-9) / 1e6:.1f}",
+        )

@@ -1,0 +1,239 @@
+"""Agent configuration: a file, the environment and flags, in rising order of precedence.
+
+The file is TOML (``*.toml``) or JSON (anything else), with the keys of ``AgentConfig`` at the
+top level and the node's labels either flat (``region = "eu"``) or in a ``[labels]`` table.
+Every key also reads from ``WEIGHTSHIP_AGENT_<KEY>`` (``WEIGHTSHIP_AGENT_DATA_DIR``,
+``WEIGHTSHIP_AGENT_TOKEN``...) and from ``--<key>`` on the command line (``--data-dir``).
+Sizes accept binary and decimal suffixes (``20GiB``, ``500M``); durations are seconds.
+The token can come from ``token_file`` so it never shows in a process listing. Without a
+file setting or ``WEIGHTSHIP_AGENT_*`` variable, the CLI's ``WEIGHTSHIP_URL`` and
+``WEIGHTSHIP_TOKEN`` are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from weightship.errors import ValidationError
+from weightship.manifest import check_model_name
+from weightship.schemas import NodeLabels
+
+__all__ = ["ENV_PREFIX", "AgentConfig", "build_parser", "load_config", "parse_size"]
+
+ENV_PREFIX = "WEIGHTSHIP_AGENT_"
+LABEL_KEYS = ("region", "cluster", "zone", "rack", "gpu_type")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"20GiB"``, ``"500M"``, ``"1048576"`` or an int."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValidationError(f"size {text!r} is not a number of bytes with an optional unit such as 500MiB or 20GB")
+    number, unit, binary = match.groups()
+    base = 1024 if binary or unit == "" else 1000
+    return int(float(number) * base ** _POWERS[unit.upper()])
+
+
+def _default_name() -> str:
+    name = re.sub(r"[^a-z0-9._-]", "-", socket.gethostname().lower()).strip("-.") or "node"
+    return name[:128]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the agent is configured with."""
+
+    #: base URL of the control plane, e.g. ``http://controlplane:8080``
+    control_plane: str
+    #: bearer token with the ``agent`` role
+    token: str = ""
+    #: node name; the same name re-registers the same node
+    name: str = field(default_factory=_default_name)
+    #: where versions, staging areas and state live
+    data_dir: Path = Path("/var/lib/weightship")
+    #: most bytes the versions and staging areas may use; 0 = only the disk's free space bounds it
+    quota_bytes: int = 0
+    #: bytes the agent always leaves free on the file system
+    min_free_bytes: int = 0
+    labels: NodeLabels = field(default_factory=NodeLabels)
+    #: deployments this node serves
+    deployments: tuple[str, ...] = ()
+    #: ``host:port`` (port 0 picks a free one) or ``unix:/path/to.sock``
+    local_api: str = "127.0.0.1:7070"
+    #: chunk requests in flight per version
+    concurrency: int = 8
+    #: most bytes of chunk buffers held in memory at once
+    memory_bytes: int = 512 * 1024 * 1024
+    #: tries per chunk before the version's fetch fails (a later reconcile tries again)
+    chunk_attempts: int = 5
+    heartbeat_interval: float = 5.0
+    #: seconds one desired-state long-poll may wait at the control plane
+    poll_wait: float = 25.0
+    backoff_initial: float = 0.2
+    backoff_max: float = 10.0
+    #: also stage the other versions a deployment keeps (previous stable, canary) once idle
+    prefetch: bool = True
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.control_plane.startswith(("http://", "https://")):
+            raise ValidationError(
+                f"control_plane {self.control_plane!r} must be an http:// or https:// URL (set --control-plane)"
+            )
+        check_model_name(self.name)
+        for deployment in self.deployments:
+            check_model_name(deployment)
+        for key in ("quota_bytes", "min_free_bytes"):
+            if getattr(self, key) < 0:
+                raise ValidationError(f"{key} must not be negative")
+        if self.concurrency < 1 or self.chunk_attempts < 1:
+            raise ValidationError("concurrency and chunk_attempts must be at least 1")
+        if self.heartbeat_interval <= 0 or self.poll_wait <= 0 or self.backoff_initial <= 0:
+            raise ValidationError("heartbeat_interval, poll_wait and backoff_initial must be positive")
+        if self.backoff_max < self.backoff_initial:
+            raise ValidationError("backoff_max must be at least backoff_initial")
+
+
+_SIZE_KEYS = {"quota_bytes", "min_free_bytes", "memory_bytes"}
+_INT_KEYS = {"concurrency", "chunk_attempts"}
+_FLOAT_KEYS = {"heartbeat_interval", "poll_wait", "backoff_initial", "backoff_max"}
+_ALIASES = {"quota": "quota_bytes", "memory": "memory_bytes", "min_free": "min_free_bytes"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``weightship-agent`` command line; every flag overrides file and environment."""
+    parser = argparse.ArgumentParser(
+        prog="weightship-agent",
+        description="weightship node agent: fetches, verifies and serves model versions on this host.",
+    )
+    parser.add_argument("--config", help="TOML or JSON file (env WEIGHTSHIP_AGENT_CONFIG)")
+    parser.add_argument("--control-plane", "--url", dest="control_plane", help="control-plane base URL")
+    parser.add_argument("--token", help="agent token (prefer --token-file or WEIGHTSHIP_AGENT_TOKEN)")
+    parser.add_argument("--token-file", help="file holding the agent token")
+    parser.add_argument("--name", help="node name (default: host name)")
+    parser.add_argument("--data-dir", help="directory for versions, staging and state")
+    parser.add_argument("--quota", dest="quota_bytes", help="disk quota, e.g. 200GiB (0: none)")
+    parser.add_argument("--min-free", dest="min_free_bytes", help="bytes always left free on the disk")
+    for key in LABEL_KEYS:
+        parser.add_argument(f"--{key.replace('_', '-')}", dest=key, help=f"node label {key}")
+    parser.add_argument(
+        "--deployment", dest="deployments", action="append", help="a deployment this node serves (repeatable)"
+    )
+    parser.add_argument(
+        "--deployments", dest="deployment_list", help="comma-separated deployments (adds to --deployment)"
+    )
+    parser.add_argument("--local-api", help="host:port or unix:/path for the model-server API")
+    parser.add_argument("--concurrency", help="chunk requests in flight per version")
+    parser.add_argument("--memory", dest="memory_bytes", help="most bytes of chunk buffers in memory")
+    parser.add_argument("--chunk-attempts", help="tries per chunk before a fetch fails")
+    parser.add_argument("--heartbeat-interval", help="seconds between heartbeats")
+    parser.add_argument("--poll-wait", help="seconds a desired-state long-poll waits")
+    parser.add_argument("--backoff-initial", help="first retry delay in seconds")
+    parser.add_argument("--backoff-max", help="longest retry delay in seconds")
+    parser.add_argument(
+        "--prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also stage the previous stable and canary versions once idle (default: on)",
+    )
+    parser.add_argument("--log-level", help="debug, info, warning or error")
+    return parser
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ValidationError(f"cannot read agent config {path}: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(
+            f"agent config {path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {exc}"
+        ) from None
+    if not isinstance(doc, dict):
+        raise ValidationError(f"agent config {path} must hold a table/object of settings")
+    flat = dict(doc)
+    labels = flat.pop("labels", {})
+    if not isinstance(labels, dict):
+        raise ValidationError(f"agent config {path}: labels must be a table of strings")
+    flat.update(labels)
+    return flat
+
+
+def _from_env(environ: Mapping[str, str], known: set[str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key in known:
+        value = environ.get(ENV_PREFIX + key.upper())
+        if value is not None:
+            found[key] = [d for d in re.split(r"[,\s]+", value) if d] if key == "deployments" else value
+    return found
+
+
+def _coerce(key: str, value: Any) -> Any:
+    try:
+        if key in _SIZE_KEYS:
+            return parse_size(value)
+        if key in _INT_KEYS:
+            return int(value)
+        if key in _FLOAT_KEYS:
+            return float(value)
+    except (TypeError, ValueError):
+        raise ValidationError(f"{key}={value!r} is not a number") from None
+    if key == "prefetch" and isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if key == "deployments":
+        return tuple(value)
+    if key == "data_dir":
+        return Path(value)
+    return value
+
+
+def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """The configuration from flags, the environment and the config file."""
+    environ = os.environ if environ is None else environ
+    args = vars(build_parser().parse_args(argv))
+    listed = [d for d in re.split(r"[,\s]+", args.pop("deployment_list") or "") if d]
+    if listed:
+        args["deployments"] = [*(args["deployments"] or []), *listed]
+    known = {f.name for f in fields(AgentConfig)} - {"labels"} | set(LABEL_KEYS) | {"token_file"}
+    merged: dict[str, Any] = {}
+    config_path = args.pop("config") or environ.get(ENV_PREFIX + "CONFIG")
+    if config_path:
+        for key, value in _read_file(Path(config_path)).items():
+            key = _ALIASES.get(key, key)
+            if key not in known:
+                raise ValidationError(f"agent config {config_path}: unknown setting {key!r}")
+            merged[key] = value
+    # The CLI's variables, as a fallback on a workstation that already exports them.
+    for key, name in (("control_plane", "WEIGHTSHIP_URL"), ("token", "WEIGHTSHIP_TOKEN")):
+        if key not in merged and environ.get(name):
+            merged[key] = environ[name]
+    merged.update(_from_env(environ, known))
+    merged.update({k: v for k, v in args.items() if v is not None})
+    token_file = merged.pop("token_file", None)
+    if token_file and not merged.get("token"):
+        try:
+            merged["token"] = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValidationError(f"cannot read token file {token_file}: {exc.strerror}") from None
+    labels = NodeLabels(**{k: str(merged.pop(k)) for k in LABEL_KEYS if k in merged})
+    if "control_plane" not in merged:
+        raise ValidationError(
+            "no control plane configured: pass --control-plane URL or set WEIGHTSHIP_AGENT_CONTROL_PLANE"
+        )
+    values = {k: _coerce(k, v) for k, v in merged.items()}
+    return AgentConfig(labels=labels, **values)

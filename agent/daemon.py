@@ -1,0 +1,310 @@
+"""The agent process: wiring, and the loops that talk to the control plane.
+
+Start-up order: recover the store (check every version on disk, empty the trash), repair
+``current`` links from the epoch book, open the local API (model servers are served from disk
+at once, control plane or not), then register and run, concurrently:
+
+- the desired-state long-poll: ``GET /v1/nodes/{id}/desired?after=REV&wait=S``; each new
+  revision goes to the reconciler, so a pointer change reaches the node as soon as the control
+  plane commits it;
+- heartbeats: every ``heartbeat_interval`` and right after anything changes (a switch, a fetch
+  finishing or failing, a refusal, a validation report);
+- the reconciler (fetches and switches).
+
+If the control plane is unreachable the node keeps serving what it serves; both control-plane
+loops retry with capped, jittered exponential backoff and log ``controlplane.unreachable`` with
+the delay. A control plane that no longer knows the node (404) gets a fresh registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from agent.assemble import Assembler
+from agent.backoff import Backoff
+from agent.config import AgentConfig
+from agent.controlplane_client import ControlPlaneClient
+from agent.counters import Counters
+from agent.durable import atomic_write
+from agent.epochs import EpochBook
+from agent.fetcher import Fetcher
+from agent.localapi import LocalAPI
+from agent.logs import event
+from agent.rangeclient import RangeClient
+from agent.reconcile import Reconciler
+from agent.retention import Retention
+from agent.serving import Serving
+from agent.store import VersionStore
+from weightship.errors import AuthError, ForbiddenError, NotFoundError, WeightshipError
+from weightship.schemas import (
+    DeploymentState,
+    NodeHealth,
+    NodeHeartbeat,
+    NodeRegistration,
+    ValidationReport,
+)
+
+__all__ = ["Agent"]
+
+log = logging.getLogger("agent.daemon")
+
+#: coalesce bursts of changes into one heartbeat
+HEARTBEAT_DEBOUNCE = 0.05
+#: validation reports held while the control plane is unreachable
+MAX_PENDING_REPORTS = 256
+#: shortest time between two desired-state requests that came back unchanged
+MIN_POLL_SECONDS = 0.5
+
+
+class _Reregister(Exception):
+    """The control plane forgot this node; register again."""
+
+
+class Agent:
+    """One node agent."""
+
+    def __init__(self, config: AgentConfig, controlplane: ControlPlaneClient | None = None) -> None:
+        self.config = config
+        self.executor = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 2), thread_name_prefix="ws-agent")
+        self.store = VersionStore(config.data_dir)
+        self.book = EpochBook(self.store.state_dir / "deployments.json")
+        self.counters = Counters()
+        self.serving = Serving(self.store, self.book)
+        self.controlplane = controlplane or ControlPlaneClient(config.control_plane, config.token)
+        self.node_id: str | None = None
+        self.local_api_url = ""
+        self._reports: list[ValidationReport] = []
+        self._usage = 0
+        self._changed = asyncio.Event()
+        self.blob_client = RangeClient(max_idle=max(16, config.concurrency * 2))
+        fetcher = Fetcher(
+            self.blob_client,
+            self.controlplane,
+            self.counters,
+            self.executor,
+            concurrency=config.concurrency,
+            memory_bytes=config.memory_bytes,
+            attempts=config.chunk_attempts,
+            backoff_initial=config.backoff_initial,
+            backoff_max=config.backoff_max,
+        )
+        self.retention = Retention(self.store, config.quota_bytes, config.min_free_bytes)
+        assembler = Assembler(
+            self.store,
+            self.retention,
+            fetcher,
+            self.controlplane,
+            self.counters,
+            self.executor,
+            lambda: self.reconciler.protected(),  # the reconciler is created just below
+        )
+        self.reconciler = Reconciler(
+            self.store,
+            self.book,
+            self.serving,
+            assembler,
+            self.retention,
+            self.executor,
+            prefetch=config.prefetch,
+            backoff_initial=config.backoff_initial,
+            backoff_max=config.backoff_max,
+            on_change=self._changed.set,
+        )
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def heartbeat(self) -> NodeHeartbeat:
+        """What the agent reports: inventory, what it serves, counters, health, reports, refusals."""
+        total, free = self.store.disk_free()
+        return NodeHeartbeat(
+            inventory=self.reconciler.inventory(),
+            deployments=[
+                DeploymentState(name=r.name, digest=r.digest, epoch=r.applied_epoch) for r in self.book.records()
+            ],
+            counters=self.counters.snapshot(),
+            health=NodeHealth(
+                disk_total=total,
+                disk_free=free,
+                quota_bytes=self.config.quota_bytes,
+                used_bytes=self._usage,
+                errors=self.reconciler.errors(),
+            ),
+            validation=list(self._reports),
+            refused=self.reconciler.refused(),
+        )
+
+    def _report(self, report: ValidationReport) -> None:
+        self._reports = [*self._reports, report][-MAX_PENDING_REPORTS:]
+        self._changed.set()
+
+    # --- running -------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, self.store.recover)
+        cfg = self.config
+        api = LocalAPI(self.serving, self.heartbeat, self._report)
+        self.local_api_url = await api.start(cfg.local_api)
+        self._write_runtime()
+        event(
+            log,
+            "agent.started",
+            name=cfg.name,
+            control_plane=cfg.control_plane,
+            data_dir=str(self.store.root),
+            local_api=self.local_api_url,
+            deployments=",".join(cfg.deployments),
+            quota_bytes=cfg.quota_bytes,
+        )
+        tasks = [
+            loop.create_task(self.reconciler.run(), name="reconcile"),
+            loop.create_task(self._controlplane_session(), name="controlplane"),
+        ]
+        stopping = loop.create_task(stop.wait(), name="stop")
+        crashed: BaseException | None = None
+        try:
+            done, _pending = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            # The loops only end by being cancelled; anything else is a bug. Crash-only: exit and
+            # let the supervisor restart the agent (everything on disk is crash-safe).
+            for task in done - {stopping}:
+                crashed = task.exception() or RuntimeError(f"{task.get_name()} loop ended")
+                event(log, "agent.crashed", logging.CRITICAL, loop=task.get_name(), error=repr(crashed))
+        finally:
+            for task in [stopping, *tasks]:
+                task.cancel()
+            for task in [stopping, *tasks]:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await api.stop()
+            await self.blob_client.close()
+            await self.controlplane.aclose()
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            c = self.counters.snapshot()
+            event(
+                log,
+                "agent.stopped",
+                bytes_downloaded=c.bytes_downloaded,
+                bytes_copied_locally=c.bytes_copied_locally,
+                chunks_rejected=c.chunks_rejected,
+            )
+        if crashed is not None:
+            raise crashed
+
+    def _write_runtime(self) -> None:
+        doc = {
+            "pid": os.getpid(),
+            "name": self.config.name,
+            "node_id": self.node_id,
+            "local_api": self.local_api_url,
+            "control_plane": self.config.control_plane,
+            "data_dir": str(self.store.root),
+        }
+        atomic_write(self.store.root / "agent.json", json.dumps(doc, indent=1).encode())
+
+    async def _controlplane_session(self) -> None:
+        while True:
+            self.node_id = await self._register()
+            self._write_runtime()
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._desired_loop(self.node_id))
+                    group.create_task(self._heartbeat_loop(self.node_id))
+            except* _Reregister:
+                event(log, "controlplane.node_unknown", logging.WARNING, node_id=self.node_id)
+
+    async def _register(self) -> str:
+        cfg = self.config
+        body = NodeRegistration(name=cfg.name, labels=cfg.labels, role="node", deployments=list(cfg.deployments))
+        backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
+        while True:
+            try:
+                info = await self.controlplane.register(body)
+            except WeightshipError as exc:
+                await self._back_off("register", exc, backoff)
+                continue
+            event(log, "controlplane.registered", node_id=info.id, name=info.name)
+            return info.id
+
+    async def _back_off(self, what: str, exc: WeightshipError, backoff: Backoff) -> None:
+        if isinstance(exc, (AuthError, ForbiddenError)):
+            backoff.attempts = max(backoff.attempts, 64)  # a bad token will not fix itself quickly
+        delay = backoff.next_delay()
+        event(
+            log,
+            "controlplane.unreachable",
+            logging.WARNING,
+            call=what,
+            error=exc.message,
+            code=exc.code,
+            retry_in=f"{delay:.3f}",
+            attempt=backoff.attempts,
+        )
+        await asyncio.sleep(delay)
+
+    async def _desired_loop(self, node_id: str) -> None:
+        cfg = self.config
+        backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
+        revision: str | None = None
+        while True:
+            asked = time.monotonic()
+            try:
+                desired = await self.controlplane.desired(node_id, revision, cfg.poll_wait)
+            except NotFoundError:
+                raise _Reregister() from None
+            except WeightshipError as exc:
+                await self._back_off("desired", exc, backoff)
+                continue
+            if backoff.attempts:
+                event(log, "controlplane.reconnected", call="desired", after_attempts=backoff.attempts)
+                backoff.reset()
+            if desired.revision == revision and time.monotonic() - asked < MIN_POLL_SECONDS:
+                # A control plane that answers at once without waiting must not be polled in a
+                # tight loop.
+                await asyncio.sleep(MIN_POLL_SECONDS)
+            if desired.revision != revision:
+                revision = desired.revision
+                event(
+                    log,
+                    "desired.received",
+                    revision=revision,
+                    deployments=",".join(f"{d.name}@{d.epoch}" for d in desired.deployments),
+                )
+                self.reconciler.apply(desired)
+
+    async def _heartbeat_loop(self, node_id: str) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
+        changed = self._changed
+        while True:
+            self._usage = await loop.run_in_executor(self.executor, self.store.usage_bytes)
+            body = self.heartbeat()
+            try:
+                await self.controlplane.heartbeat(node_id, body)
+            except NotFoundError:
+                raise _Reregister() from None
+            except WeightshipError as exc:
+                await self._back_off("heartbeat", exc, backoff)
+                continue
+            backoff.reset()
+            sent = set(map(id, body.validation))
+            self._reports = [r for r in self._reports if id(r) not in sent]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), cfg.heartbeat_interval)
+                await asyncio.sleep(HEARTBEAT_DEBOUNCE)
+            changed.clear()
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT stop the agent cleanly."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)

@@ -1,0 +1,263 @@
+"""Fetching a version's missing chunks: local copies first, then HTTP range requests on blob URLs.
+
+Sources, nearest first: chunks already held by a ready version (or verified earlier in this
+staging area) are read locally; the rest come from the origin by ``Range`` requests on the
+short-lived blob URLs the control plane issues (presigned S3 or control-plane-signed), so the
+node holds no storage credentials. Each distinct chunk is fetched once however often it occurs.
+
+Concurrency is bounded twice: at most ``concurrency`` requests in flight, and at most
+``memory_bytes`` of chunk buffers (a buffer is reused, never reallocated per chunk). A chunk is
+hashed in a worker thread (``hashlib`` drops the GIL) while the event loop keeps receiving
+others, and written only if it matches. A mismatch counts in ``chunks_rejected`` and the chunk
+is fetched again with backoff; a chunk that fails ``attempts`` times fails the fetch with its
+last error once every other chunk has been tried (so they are kept, verified, for the next
+attempt). A full disk stops the fetch at once. Responses longer than the
+chunk are cut off and rejected, so a misbehaving origin cannot stream endless data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from agent.backoff import Backoff
+from agent.counters import Counters
+from agent.logs import event
+from agent.rangeclient import RangeClient, UrlRejected
+from agent.staging import ChunkJob, Staging
+from agent.store import LocalChunk
+from weightship.errors import DiskFullError, IntegrityError, StoreError, TemporaryError, WeightshipError
+from weightship.schemas import BlobURL
+
+__all__ = ["BlobURLSource", "Fetcher"]
+
+log = logging.getLogger("agent.fetcher")
+
+#: refresh a blob URL this long before it expires
+URL_MARGIN = timedelta(seconds=30)
+
+
+class BlobURLSource(Protocol):
+    """Whatever hands out blob URLs (the control-plane client)."""
+
+    async def blob_urls(self, blobs: Sequence[str]) -> dict[str, BlobURL]:
+        """Short-lived read URLs for ``blobs`` (file sha256 hex)."""
+        ...
+
+
+class Fetcher:
+    """Fills a ``Staging`` with verified chunks."""
+
+    def __init__(
+        self,
+        client: RangeClient,
+        urls: BlobURLSource,
+        counters: Counters,
+        executor: Executor,
+        *,
+        concurrency: int = 8,
+        memory_bytes: int = 512 * 1024 * 1024,
+        attempts: int = 5,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 10.0,
+    ) -> None:
+        self.client = client
+        self.urls = urls
+        self.counters = counters
+        self.executor = executor
+        self.concurrency = concurrency
+        self.memory_bytes = memory_bytes
+        self.attempts = attempts
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._url_cache: dict[str, BlobURL] = {}
+
+    async def fetch(
+        self,
+        staging: Staging,
+        local: dict[str, LocalChunk],
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Place every missing chunk of ``staging``; raises the last error of a chunk that kept failing."""
+        jobs = staging.jobs()
+        if not jobs:
+            return
+        largest = max(job.length for job in jobs)
+        slots = max(1, min(self.concurrency, len(jobs), self.memory_bytes // max(1, largest)))
+        buffers = _Buffers(largest, slots)
+        remote = [job for job in jobs if job.digest not in local]
+        if remote:
+            await self._refresh_urls({job.blob for job in remote})
+        report = progress or (lambda _n: None)
+        event(
+            log,
+            "fetch.start",
+            digest=staging.manifest.digest,
+            chunks=len(jobs),
+            local=len(jobs) - len(remote),
+            remote=len(remote),
+            slots=slots,
+        )
+        failures: list[WeightshipError] = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                for job in jobs:
+                    buf = await buffers.get()
+                    group.create_task(self._one(staging, job, local.get(job.digest), buf, buffers, report, failures))
+        except BaseExceptionGroup as group_error:
+            # A disk-full error stops everything at once; surface it, not the group.
+            ours = group_error.subgroup(WeightshipError)
+            if ours is None:
+                raise
+            raise _first(ours) from None
+        if failures:
+            # The other chunks were still fetched and kept: a later attempt needs only the failed ones.
+            raise failures[0]
+
+    async def _one(
+        self,
+        staging: Staging,
+        job: ChunkJob,
+        source: LocalChunk | None,
+        buf: mmap.mmap,
+        buffers: _Buffers,
+        report: Callable[[int], None],
+        failures: list[WeightshipError],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            view = memoryview(buf)[: job.length]
+            if source is not None:
+                try:
+                    await loop.run_in_executor(self.executor, _read_local, source, view)
+                    await loop.run_in_executor(self.executor, staging.place, job, view)
+                    self.counters.add(bytes_copied_locally=job.bytes_placed)
+                    report(job.bytes_placed)
+                    return
+                except (OSError, IntegrityError) as exc:
+                    event(log, "fetch.local_copy_failed", logging.WARNING, chunk=job.digest, error=str(exc))
+            try:
+                await self._download(staging, job, view)
+            except DiskFullError:
+                raise
+            except WeightshipError as exc:
+                failures.append(exc)
+                return
+            self.counters.add(bytes_copied_locally=job.bytes_placed - job.length)
+            report(job.bytes_placed)
+        finally:
+            buffers.put(buf)
+
+    async def _download(self, staging: Staging, job: ChunkJob, view: memoryview) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(self.backoff_initial, self.backoff_max)
+        last: WeightshipError | None = None
+        for attempt in range(1, self.attempts + 1):
+            try:
+                url = await self._url(job.blob)
+                await self._get_range(url, job.blob_offset, view)
+                await loop.run_in_executor(self.executor, staging.place, job, view)
+                return
+            except IntegrityError as exc:
+                self.counters.add(chunks_rejected=1)
+                last = exc
+            except UrlRejected as exc:
+                self._url_cache.pop(job.blob, None)
+                last = exc
+            except (TemporaryError, StoreError) as exc:
+                last = exc
+            if attempt < self.attempts:
+                delay = backoff.next_delay()
+                event(
+                    log,
+                    "fetch.chunk_retry",
+                    logging.WARNING,
+                    chunk=job.digest,
+                    attempt=attempt,
+                    retry_in=f"{delay:.2f}",
+                    error=last.message,
+                )
+                await asyncio.sleep(delay)
+        assert last is not None
+        entry = staging.manifest.files[job.placements[0].file]
+        raise type(last)(
+            f"chunk {job.placements[0].chunk} of {entry.path} in {staging.manifest.digest} failed "
+            f"{self.attempts} times; last error: {last.message}"
+        )
+
+    async def _get_range(self, url: str, start: int, view: memoryview) -> None:
+        def count(n: int) -> None:
+            self.counters.add(bytes_downloaded=n)
+
+        await self.client.get_range(url, start, view, count)
+
+    async def _url(self, blob: str) -> str:
+        cached = self._url_cache.get(blob)
+        if cached is None or cached.expires_at - URL_MARGIN <= datetime.now(UTC):
+            await self._refresh_urls({blob})
+            cached = self._url_cache[blob]
+        return cached.url
+
+    async def _refresh_urls(self, blobs: set[str]) -> None:
+        now = datetime.now(UTC)
+        stale = sorted(
+            b for b in blobs if b not in self._url_cache or self._url_cache[b].expires_at - URL_MARGIN <= now
+        )
+        if not stale:
+            return
+        fresh = await self.urls.blob_urls(stale)
+        missing = [b for b in stale if b not in fresh]
+        if missing:
+            raise StoreError(
+                f"the control plane issued no URL for blobs {missing[:3]}: they are missing from the origin"
+            )
+        self._url_cache.update(fresh)
+
+
+def _first(group: BaseExceptionGroup[WeightshipError]) -> WeightshipError:
+    item: BaseException = group
+    while isinstance(item, BaseExceptionGroup):
+        item = item.exceptions[0]
+    assert isinstance(item, WeightshipError)
+    return item
+
+
+class _Buffers:
+    """Chunk buffers, made on first use and reused for the rest of one fetch.
+
+    Anonymous maps rather than ``bytearray``: nothing is zeroed up front, pages fault in as the
+    bytes land, so the first request starts at once instead of after the whole pool is touched.
+    """
+
+    def __init__(self, size: int, count: int) -> None:
+        self.size = size
+        self._free: list[mmap.mmap] = []
+        self._slots = asyncio.Semaphore(count)
+
+    async def get(self) -> mmap.mmap:
+        await self._slots.acquire()
+        return self._free.pop() if self._free else mmap.mmap(-1, self.size)
+
+    def put(self, buf: mmap.mmap) -> None:
+        self._free.append(buf)
+        self._slots.release()
+
+
+def _read_local(source: LocalChunk, view: memoryview) -> None:
+    path, offset, length = source
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        while done < length:
+            n = os.preadv(fd, [view[done:length]], offset + done)
+            if n == 0:
+                raise OSError(f"{path} is shorter than expected")
+            done += n
+    finally:
+        os.close(fd)

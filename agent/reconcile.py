@@ -1,0 +1,338 @@
+"""Reconcile: turning the desired state into what this node holds on disk and serves.
+
+Per deployment, a pointer from the control plane (epoch ``E``, digest ``D``)::
+
+    E lower than an epoch already accepted  -> refused: reported in the heartbeat, nothing moves
+    D ready on disk                         -> switch: record (E, D), then swap the ``current`` link
+    D not on disk                           -> fetch D, keep serving the current version meanwhile,
+                                               switch once D is ready (if it is still wanted)
+
+Per version (the heartbeat's inventory)::
+
+    absent --wanted--> fetching --all chunks verified, renamed into versions/--> ready
+                         |   ^                                                   |
+                   error v   | retry with backoff, or at the next desired state  | unreferenced and
+                       failed                                                    v room needed
+                                                                              evicted (LRU)
+
+A digest is fetched once however many deployments want it (single flight), and a fetch that
+is no longer wanted is cancelled (its verified chunks stay in staging for later). Once every
+deployment's served version is ready, the other versions in ``keep`` (previous stable, canary)
+are prefetched one at a time, so a rollback or a promotion downloads nothing.
+Everything here runs on the event loop; disk-heavy steps go to the worker pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from agent.assemble import Assembler, Progress
+from agent.backoff import Backoff
+from agent.epochs import EpochBook, StaleEpochError
+from agent.logs import event
+from agent.retention import Retention
+from agent.serving import Serving
+from agent.store import VersionStore
+from weightship.errors import WeightshipError
+from weightship.schemas import DesiredState, VersionInventory, VersionState
+
+__all__ = ["Reconciler", "Target"]
+
+log = logging.getLogger("agent.reconcile")
+
+#: refusals kept for the heartbeat
+MAX_REFUSED = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one deployment should serve here, from the latest accepted pointer."""
+
+    name: str
+    model: str
+    digest: str | None
+    epoch: int
+    keep: tuple[str, ...]
+
+
+@dataclass
+class _Version:
+    """A version being fetched, or whose fetch failed."""
+
+    digest: str
+    model: str
+    progress: Progress = field(default_factory=Progress)
+    task: asyncio.Task[None] | None = None
+    error: str | None = None
+    retry_at: float = 0.0
+    backoff: Backoff | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+class Reconciler:
+    """Drives fetches and switches towards the accepted desired state."""
+
+    def __init__(
+        self,
+        store: VersionStore,
+        book: EpochBook,
+        serving: Serving,
+        assembler: Assembler,
+        retention: Retention,
+        executor: Executor,
+        *,
+        prefetch: bool = True,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 10.0,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.book = book
+        self.serving = serving
+        self.assembler = assembler
+        self.retention = retention
+        self.executor = executor
+        self.prefetch = prefetch
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.on_change = on_change
+        self._targets: dict[str, Target] = {}
+        self._versions: dict[str, _Version] = {}
+        self._refused: deque[str] = deque(maxlen=MAX_REFUSED)
+        self._refused_seen: set[tuple[str, int, str | None]] = set()
+        self._referenced: frozenset[str] = frozenset()
+        self._wake = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- inputs --------------------------------------------------------------------------------
+
+    def apply(self, desired: DesiredState) -> None:
+        """Accept the pointers of ``desired`` that are not stale, and wake the loop."""
+        targets: dict[str, Target] = {}
+        for item in desired.deployments:
+            try:
+                self.book.accept(item.name, item.epoch, item.model)
+            except StaleEpochError as exc:
+                self._refuse(item.name, item.epoch, item.digest, exc)
+                if item.name in self._targets:
+                    targets[item.name] = self._targets[item.name]
+                continue
+            targets[item.name] = Target(item.name, item.model, item.digest, item.epoch, tuple(item.keep))
+        self._targets = targets
+        self._wake.set()
+
+    def _refuse(self, name: str, epoch: int, digest: str | None, exc: StaleEpochError) -> None:
+        record = self.book.get(name)
+        accepted = record.accepted_epoch if record else 0
+        key = (name, epoch, digest)
+        if key not in self._refused_seen:
+            self._refused_seen.add(key)
+            self._refused.append(
+                f"deployment={name} epoch={epoch} digest={digest}: lower than accepted epoch {accepted}; refused"
+            )
+            event(
+                log,
+                "deploy.refused",
+                logging.WARNING,
+                deployment=name,
+                epoch=epoch,
+                accepted_epoch=accepted,
+                digest=digest,
+                reason=exc.code,
+            )
+            self.on_change()
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def protected(self) -> set[str]:
+        """Digests retention must never delete: served, wanted, kept, or being fetched."""
+        found = {r.digest for r in self.book.records() if r.digest}
+        for target in self._targets.values():
+            if target.digest:
+                found.add(target.digest)
+            found.update(target.keep)
+        return found | self.active()
+
+    def active(self) -> set[str]:
+        """Digests being fetched right now."""
+        return {d for d, v in self._versions.items() if v.running}
+
+    def inventory(self) -> list[VersionInventory]:
+        """Every version on this node: ready, fetching (with bytes so far) or failed (with why)."""
+        ready = self.store.ready()
+        items = [
+            VersionInventory(digest=d, state=VersionState.ready, bytes_total=m.total_size, bytes_present=m.total_size)
+            for d, m in sorted(ready.items())
+        ]
+        for digest, version in sorted(self._versions.items()):
+            if digest in ready or (not version.running and version.error is None):
+                continue
+            items.append(
+                VersionInventory(
+                    digest=digest,
+                    state=VersionState.fetching if version.running else VersionState.failed,
+                    bytes_total=version.progress.bytes_total,
+                    bytes_present=version.progress.bytes_present,
+                    error=None if version.running else version.error,
+                )
+            )
+        return items
+
+    def errors(self) -> list[str]:
+        """What is wrong right now (failed fetches), for the heartbeat's health."""
+        return [v.error for _d, v in sorted(self._versions.items()) if v.error and not v.running]
+
+    def refused(self) -> list[str]:
+        """Pointers refused recently (oldest first)."""
+        return list(self._refused)
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Reconcile whenever woken; runs until cancelled."""
+        await self._repair_links()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._tick()
+            except WeightshipError as exc:
+                event(log, "reconcile.failed", logging.ERROR, error=exc.message)
+                self._wake_at(asyncio.get_running_loop().time() + 1.0)
+            except OSError as exc:
+                event(log, "reconcile.failed", logging.ERROR, error=repr(exc))
+                self._wake_at(asyncio.get_running_loop().time() + 1.0)
+
+    async def _repair_links(self) -> None:
+        # The record is written before the link is swapped; after a crash between the two, the
+        # record wins.
+        for record in self.book.records():
+            if (
+                record.digest
+                and self.store.is_ready(record.digest)
+                and self.store.current(record.name) != record.digest
+            ):
+                self.store.link_current(record.name, record.digest)
+                event(log, "deploy.link_repaired", deployment=record.name, digest=record.digest)
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        serving_fetches = False
+        for target in list(self._targets.values()):
+            if target.digest is None:
+                continue
+            if self.store.is_ready(target.digest):
+                await self._switch(target)
+            else:
+                serving_fetches |= self._want(target.model, target.digest, now)
+        wanted = {t.digest for t in self._targets.values() if t.digest}
+        if self.prefetch:
+            kept = [(t.model, d) for t in self._targets.values() for d in t.keep if d not in wanted]
+            if not serving_fetches:
+                for model, digest in kept:  # one at a time, after what is served
+                    if not self.store.is_ready(digest) and self._want(model, digest, now):
+                        break
+            wanted |= {d for _m, d in kept}
+        for digest, version in list(self._versions.items()):
+            if digest not in wanted:
+                if version.running:
+                    assert version.task is not None
+                    version.task.cancel()
+                else:
+                    del self._versions[digest]
+        referenced = frozenset(d for d in self.protected() if self.store.is_ready(d))
+        if referenced != self._referenced:
+            self._referenced = referenced
+            self.store.touch(sorted(referenced))
+        evicted = await loop.run_in_executor(self.executor, self.retention.trim, self.protected())
+        if evicted:
+            self.on_change()
+
+    def _want(self, model: str, digest: str, now: float) -> bool:
+        """Make sure ``digest`` is being fetched (unless it failed recently); whether it is now."""
+        version = self._versions.get(digest)
+        if version is not None and version.running:
+            return True
+        if version is not None and version.error is not None and now < version.retry_at:
+            self._wake_at(version.retry_at)
+            return False
+        if version is None:
+            version = self._versions[digest] = _Version(digest=digest, model=model)
+        version.task = asyncio.get_running_loop().create_task(self._fetch(version), name=f"fetch {digest}")
+        self.on_change()
+        return True
+
+    async def _fetch(self, version: _Version) -> None:
+        try:
+            await self.assembler.assemble(version.model, version.digest, version.progress)
+        except asyncio.CancelledError:
+            event(log, "fetch.cancelled", digest=version.digest, bytes_present=version.progress.bytes_present)
+            self._versions.pop(version.digest, None)
+            raise
+        except Exception as exc:  # any failure is reported, never fatal to the agent
+            message = exc.message if isinstance(exc, WeightshipError) else f"{type(exc).__name__}: {exc}"
+            version.backoff = version.backoff or Backoff(self.backoff_initial, max(self.backoff_max, 1.0))
+            delay = version.backoff.next_delay()
+            version.error = message
+            version.retry_at = asyncio.get_running_loop().time() + delay
+            event(
+                log,
+                "fetch.failed",
+                logging.ERROR,
+                digest=version.digest,
+                error=message,
+                retry_in=f"{delay:.2f}",
+                error_type=type(exc).__name__,
+            )
+            self._wake_at(version.retry_at)
+        else:
+            self._versions.pop(version.digest, None)
+        finally:
+            self._wake.set()
+            self.on_change()
+
+    async def _switch(self, target: Target) -> None:
+        assert target.digest is not None
+        record = self.book.get(target.name)
+        linked = self.store.current(target.name)
+        if (
+            record
+            and record.applied_epoch == target.epoch
+            and record.digest == target.digest
+            and linked == target.digest
+        ):
+            return
+        previous = record.digest if record else None
+        self.book.apply(target.name, target.epoch, target.digest, target.model)
+        if linked != target.digest:
+            self.store.link_current(target.name, target.digest)
+        await self.serving.changed()
+        self.on_change()
+        event(
+            log,
+            "deploy.switched" if previous != target.digest else "deploy.epoch_applied",
+            deployment=target.name,
+            digest=target.digest,
+            epoch=target.epoch,
+            previous=previous,
+        )
+
+    def _wake_at(self, when: float) -> None:
+        if self._timer is not None:
+            if self._timer.when() <= when:
+                return
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(when, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._wake.set()

@@ -1,0 +1,161 @@
+"""Retention: what stays on disk within the quota, what is evicted, and when the disk is full.
+
+Every version a deployment references (stable, previous stable, canary: the ``keep`` list of
+the desired state) and every version a deployment serves or the agent is fetching is
+*protected* and never deleted. Everything else is the LRU tail: kept while it fits, evicted
+least-recently-referenced first when room is needed, with abandoned partial staging areas going
+before any complete version.
+
+Room is needed in two cases: a fetch that will write ``need`` more bytes, and a quota lowered
+below the current usage (``trim``). Usage is measured on disk (allocated blocks, each hard-linked
+inode once) after every eviction rather than predicted, so shared files are never miscounted.
+Bytes other in-flight fetches will still write are reserved so two fetches cannot both claim
+the same free space. When evicting everything unprotected is not enough, ``DiskFullError`` says
+how much is needed, what holds the space and what to do; nothing partial is ever marked ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from agent.logs import event
+from agent.store import VersionStore
+from weightship.errors import DiskFullError
+
+__all__ = ["Candidate", "Retention", "choose_eviction", "human"]
+
+log = logging.getLogger("agent.retention")
+
+
+def human(n: int) -> str:
+    """``n`` bytes as a short binary size (``12.0 MiB``)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """Something that could be evicted: a ready version or an abandoned staging area."""
+
+    digest: str
+    partial: bool
+    last_used: float
+
+
+def choose_eviction(candidates: Iterable[Candidate], protected: set[str]) -> Candidate | None:
+    """The next thing to evict: unprotected partial staging areas first, then the least recently used version."""
+    eligible = [c for c in candidates if c.digest not in protected]
+    if not eligible:
+        return None
+    return min(eligible, key=lambda c: (not c.partial, c.last_used, c.digest))
+
+
+class Retention:
+    """Keeps the store within its quota and the disk's free space; thread-safe."""
+
+    def __init__(
+        self,
+        store: VersionStore,
+        quota_bytes: int,
+        min_free_bytes: int,
+    ) -> None:
+        self.store = store
+        self.quota_bytes = quota_bytes
+        self.min_free_bytes = min_free_bytes
+        self._reserved: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def reserved(self) -> int:
+        """Bytes in-flight fetches will still write."""
+        with self._lock:
+            return sum(self._reserved.values())
+
+    def make_room(self, digest: str, need: int, protected: set[str]) -> list[str]:
+        """Reserve ``need`` bytes for fetching ``digest``, evicting as needed; returns what was evicted.
+
+        ``protected`` (a snapshot taken by the caller: served, kept and in-flight digests) is never
+        evicted. Raises ``DiskFullError`` if evicting everything else still leaves too little room.
+        """
+        evicted: list[str] = []
+        with self._lock:
+            self._reserved.pop(digest, None)
+            while True:
+                others = sum(self._reserved.values())
+                excess = self._excess(need + others)
+                if excess <= 0:
+                    self._reserved[digest] = need
+                    if evicted:
+                        event(log, "retention.made_room", digest=digest, need=need, evicted=",".join(evicted))
+                    return evicted
+                victim = choose_eviction(self._candidates(), protected | {digest})
+                if victim is None:
+                    raise self._full(digest, need, others, excess, protected)
+                self._evict(victim)
+                evicted.append(victim.digest)
+
+    def progress(self, digest: str, written: int) -> None:
+        """``written`` more bytes of ``digest`` are now on disk (they count as usage, not reservation)."""
+        with self._lock:
+            if digest in self._reserved:
+                self._reserved[digest] = max(0, self._reserved[digest] - written)
+
+    def release(self, digest: str) -> None:
+        """The fetch of ``digest`` ended; drop what is left of its reservation."""
+        with self._lock:
+            self._reserved.pop(digest, None)
+
+    def trim(self, protected: set[str]) -> list[str]:
+        """Evict LRU versions while the store is over its quota (e.g. after the quota was lowered)."""
+        evicted: list[str] = []
+        if not self.quota_bytes:
+            return evicted
+        with self._lock:
+            while self.store.usage_bytes() > self.quota_bytes:
+                victim = choose_eviction((c for c in self._candidates() if not c.partial), protected)
+                if victim is None:
+                    break
+                self._evict(victim)
+                evicted.append(victim.digest)
+        return evicted
+
+    def _excess(self, need: int) -> int:
+        """Bytes that must be freed before ``need`` more fit (≤ 0: they fit)."""
+        _total, free = self.store.disk_free()
+        over_disk = need + self.min_free_bytes - free
+        if not self.quota_bytes:
+            return over_disk
+        return max(over_disk, self.store.usage_bytes() + need - self.quota_bytes)
+
+    def _candidates(self) -> list[Candidate]:
+        ready = [Candidate(d, False, self.store.last_used(d)) for d in self.store.ready()]
+        partial = [Candidate(d, True, mtime) for d, mtime in self.store.staged().items() if not self.store.is_ready(d)]
+        return ready + partial
+
+    def _evict(self, victim: Candidate) -> None:
+        if victim.partial:
+            self.store.remove_staging(victim.digest)
+        else:
+            self.store.remove(victim.digest)
+        event(
+            log, "retention.evicted", digest=victim.digest, partial=victim.partial, last_used=f"{victim.last_used:.0f}"
+        )
+
+    def _full(self, digest: str, need: int, others: int, excess: int, protected: set[str]) -> DiskFullError:
+        usage = self.store.usage_bytes()
+        _total, free = self.store.disk_free()
+        held = sorted(d for d in protected if self.store.is_ready(d))
+        limit = f"quota {human(self.quota_bytes)}" if self.quota_bytes else "no quota"
+        return DiskFullError(
+            f"no room to fetch {digest}: it needs {human(need)} more (plus {human(others)} reserved by other "
+            f"fetches), {human(excess)} short; {limit}, {human(usage)} in use, {human(free)} free on disk; "
+            f"the versions in use are all still referenced ({', '.join(d[:19] + '…' for d in held) or 'none'}), "
+            "so nothing more can be evicted. Raise the quota (--quota), free disk space, or unreference versions; "
+            "see docs/runbooks/disk-full.md. Nothing partial was marked ready."
+        )

@@ -1,0 +1,292 @@
+"""Assembling one version: a staging directory plus a journal of verified chunks (crash-safe).
+
+``staging/<hex>/`` holds the version's files at their final relative paths, created sparse at
+their final sizes, and ``.weightship/manifest.json``. A chunk's bytes are written to their place
+only *after* their SHA-256 matched the manifest, and only then is a line appended to
+``staging/<hex>.journal``::
+
+    c <file-index> <chunk-index>      chunk verified and written
+    f <file-index>                    whole file hard-linked from a ready version
+
+After a kill -9 the journal names exactly the chunks already verified; a torn last line is
+ignored (that chunk is fetched again). On resume each journaled chunk is read back and hashed
+once more, so even a power loss that kept the journal line but not the data cannot let a bad
+chunk through. When every chunk is in place the files are fsynced and made read-only, the
+verification record is written, and ``store.install`` renames the directory into ``versions/``:
+nothing is ever visible as ready before every chunk was verified.
+
+A file whose sha256 equals a file of a ready version is hard-linked (it is immutable and already
+verified); a chunk that equals any chunk held locally is copied and re-verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.durable import atomic_write, disk_full_as_ours, fsync_dir
+from agent.logs import event
+from agent.verifier import read_matches, verify_chunk
+from weightship.digests import hex_of
+from weightship.layout import MANIFEST_FILE, META_DIR, VERIFIED_FILE, write_verification
+from weightship.manifest import Manifest, check_relative_path
+
+__all__ = ["ChunkJob", "Placement", "Staging"]
+
+log = logging.getLogger("agent.staging")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One place a chunk's bytes go: chunk ``chunk`` of file ``file`` at ``offset``."""
+
+    file: int
+    chunk: int
+    offset: int
+
+
+@dataclass(slots=True)
+class ChunkJob:
+    """A distinct missing chunk: its digest, size, and every place it goes in this version."""
+
+    digest: str
+    length: int
+    blob: str
+    placements: list[Placement] = field(default_factory=list)
+
+    @property
+    def blob_offset(self) -> int:
+        """Where the chunk starts in ``blob`` (the first placement's file)."""
+        return self.placements[0].offset
+
+    @property
+    def bytes_placed(self) -> int:
+        """Bytes this job writes into the version."""
+        return self.length * len(self.placements)
+
+
+class Staging:
+    """One version being assembled; blocking methods, run them in a worker thread."""
+
+    def __init__(self, staging_root: Path, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self.hex = hex_of(manifest.digest)
+        self.dir = staging_root / self.hex
+        self.journal_path = staging_root / f"{self.hex}.journal"
+        self.done: set[tuple[int, int]] = set()
+        self.linked: set[int] = set()
+        self._fds: dict[int, int] = {}
+        self._journal_fd = -1
+        self._missing: dict[int, int] = {}  # chunks still to place, per open file
+        self._synced: set[int] = set()
+        self._lock = threading.Lock()  # place() runs in several worker threads at once
+
+    # --- opening and resuming ------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create or reopen the staging directory and read the journal."""
+        with disk_full_as_ours(f"staging area of {self.manifest.digest}"):
+            (self.dir / META_DIR).mkdir(parents=True, exist_ok=True)
+            manifest_path = self.dir / META_DIR / MANIFEST_FILE
+            if not manifest_path.exists() or manifest_path.read_bytes() != self.manifest.raw:
+                atomic_write(manifest_path, self.manifest.raw)
+            self._read_journal()
+            self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            for index, entry in enumerate(self.manifest.files):
+                if index not in self.linked:
+                    self._open_file(index, check_relative_path(entry.path), entry.size)
+        self._count_missing()
+
+    def _count_missing(self) -> None:
+        self._missing = {
+            f: sum((f, c) not in self.done for c in range(len(self.manifest.files[f].chunks))) for f in self._fds
+        }
+
+    def _read_journal(self) -> None:
+        try:
+            text = self.journal_path.read_text(encoding="ascii", errors="replace")
+        except FileNotFoundError:
+            return
+        files = self.manifest.files
+        for line in text.split("\n")[:-1]:  # the part after the last newline may be torn
+            parts = line.split()
+            try:
+                if parts[0] == "c" and len(parts) == 3:
+                    f, c = int(parts[1]), int(parts[2])
+                    if 0 <= f < len(files) and 0 <= c < len(files[f].chunks):
+                        self.done.add((f, c))
+                elif parts[0] == "f" and len(parts) == 2 and 0 <= int(parts[1]) < len(files):
+                    self.linked.add(int(parts[1]))
+            except (IndexError, ValueError):
+                continue
+
+    def _open_file(self, index: int, rel: str, size: int) -> None:
+        path = self.dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink() or (path.exists() and path.stat().st_nlink > 1):
+            # A hard link whose journal line was lost in a crash: never write through it.
+            path.unlink()
+            self.done -= {(index, c) for c in range(len(self.manifest.files[index].chunks))}
+        if path.exists() and not os.access(path, os.W_OK):
+            path.chmod(0o644)  # made read-only by a finish() that a crash cut short
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)  # sparse: blocks are allocated as chunks land
+        self._fds[index] = fd
+
+    def reverify(self) -> int:
+        """Hash every journaled chunk again from disk; forget those that fail. Returns how many failed."""
+        chunk_size = self.manifest.chunk_size
+        buf = bytearray(min(chunk_size, max((f.size for f in self.manifest.files), default=1)) or 1)
+        failed = 0
+        for f, c in sorted(self.done):
+            entry = self.manifest.files[f]
+            start, end = entry.chunk_range(c, chunk_size)
+            if not read_matches(self._fds[f], start, end - start, entry.chunks[c], buf):
+                self.done.discard((f, c))
+                failed += 1
+        for f in sorted(self.linked):
+            path = self.dir / self.manifest.files[f].path
+            if not path.is_file() or path.stat().st_size != self.manifest.files[f].size:
+                self.linked.discard(f)
+                self._open_file(f, self.manifest.files[f].path, self.manifest.files[f].size)
+                failed += 1
+        if failed:
+            event(log, "staging.reverify_failed", logging.WARNING, digest=self.manifest.digest, chunks=failed)
+        self._count_missing()
+        return failed
+
+    # --- filling -------------------------------------------------------------------------------
+
+    def link_identical(self, files: Mapping[str, Path]) -> int:
+        """Hard-link every missing file whose sha256 a ready version holds; bytes linked."""
+        linked = 0
+        for index, entry in enumerate(self.manifest.files):
+            source = files.get(entry.sha256)
+            if index in self.linked or source is None or self._complete(index):
+                continue
+            target = self.dir / entry.path
+            tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.link")
+            try:
+                os.link(source, tmp)
+            except OSError:
+                continue  # other file system, or links not allowed: the chunks get copied instead
+            os.replace(tmp, target)
+            os.close(self._fds.pop(index))
+            self._missing.pop(index, None)
+            self.linked.add(index)
+            self._journal(f"f {index}\n")
+            linked += entry.size
+        return linked
+
+    def _complete(self, index: int) -> bool:
+        return all((index, c) in self.done for c in range(len(self.manifest.files[index].chunks)))
+
+    def jobs(self) -> list[ChunkJob]:
+        """The distinct chunks still missing, each with every place it goes."""
+        by_digest: dict[str, ChunkJob] = {}
+        chunk_size = self.manifest.chunk_size
+        for f, entry in enumerate(self.manifest.files):
+            if f in self.linked:
+                continue
+            for c, digest in enumerate(entry.chunks):
+                if (f, c) in self.done:
+                    continue
+                start, end = entry.chunk_range(c, chunk_size)
+                job = by_digest.get(digest)
+                if job is None:
+                    job = by_digest[digest] = ChunkJob(digest=digest, length=end - start, blob=entry.sha256)
+                job.placements.append(Placement(file=f, chunk=c, offset=start))
+        return list(by_digest.values())
+
+    def own_chunks(self) -> dict[str, tuple[Path, int, int]]:
+        """Chunks already verified in this staging directory, readable as local sources."""
+        found: dict[str, tuple[Path, int, int]] = {}
+        for f, c in self.done:
+            entry = self.manifest.files[f]
+            start, end = entry.chunk_range(c, self.manifest.chunk_size)
+            found.setdefault(entry.chunks[c], (self.dir / entry.path, start, end - start))
+        return found
+
+    def bytes_present(self) -> int:
+        """Bytes of the version already verified in place."""
+        total = sum(self.manifest.files[f].size for f in self.linked)
+        for f, c in self.done:
+            if f not in self.linked:
+                start, end = self.manifest.files[f].chunk_range(c, self.manifest.chunk_size)
+                total += end - start
+        return total
+
+    def place(self, job: ChunkJob, data: memoryview) -> None:
+        """Verify ``data`` against ``job.digest``, then write it to every place and journal it.
+
+        Raises ``IntegrityError`` (nothing written) if the bytes do not match.
+        """
+        entry = self.manifest.files[job.placements[0].file]
+        verify_chunk(data, job.digest, f"chunk {job.placements[0].chunk} of {entry.path} in {self.manifest.digest}")
+        with disk_full_as_ours(f"{entry.path} of {self.manifest.digest}"):
+            for p in job.placements:
+                done = 0
+                while done < job.length:
+                    done += os.pwrite(self._fds[p.file], data[done : job.length], p.offset + done)
+            with self._lock:
+                self._journal("".join(f"c {p.file} {p.chunk}\n" for p in job.placements))
+                self.done.update((p.file, p.chunk) for p in job.placements)
+                complete = []
+                for p in job.placements:
+                    self._missing[p.file] -= 1
+                    if self._missing[p.file] == 0:
+                        complete.append(p.file)
+            for f in complete:
+                # Flush a file as soon as its last chunk lands, while others still download,
+                # so little is left for finish().
+                os.fsync(self._fds[f])
+                self._synced.add(f)
+
+    def _journal(self, lines: str) -> None:
+        os.write(self._journal_fd, lines.encode("ascii"))
+
+    # --- finishing -----------------------------------------------------------------------------
+
+    def finish(self) -> Path:
+        """Make every file durable and read-only and write the verification record.
+
+        Call only when ``jobs()`` is empty; returns the directory to install.
+        """
+        missing = self.jobs()
+        if missing:
+            raise RuntimeError(f"{len(missing)} chunks of {self.manifest.digest} are still missing")
+        with disk_full_as_ours(f"verification record of {self.manifest.digest}"):
+            for index, fd in sorted(self._fds.items()):
+                if index not in self._synced:
+                    os.fsync(fd)
+                os.fchmod(fd, 0o444)
+            self.close()
+            for dirpath, _dirs, _files in os.walk(self.dir):
+                fsync_dir(Path(dirpath))
+            write_verification(self.dir, self.manifest)
+            verified = os.open(self.dir / META_DIR / VERIFIED_FILE, os.O_RDONLY)
+            try:
+                os.fsync(verified)
+            finally:
+                os.close(verified)
+            fsync_dir(self.dir / META_DIR)
+        return self.dir
+
+    def close(self) -> None:
+        """Close every open file (the staging directory stays for a later resume)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+            self._journal_fd = -1
+
+    def discard_journal(self) -> None:
+        """Remove the journal once the version is installed."""
+        self.journal_path.unlink(missing_ok=True)

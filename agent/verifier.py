@@ -1,0 +1,64 @@
+"""Verification: every chunk is checked against the manifest before it is placed or trusted.
+
+Bytes from the network, from a peer or from another local version are all treated the same:
+their SHA-256 must equal the chunk digest in the manifest, whose own digest is the version id.
+A ready version directory is trusted only if its manifest hashes to its name, the agent's
+verification record names the same digest, and every file has the manifest's size.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from weightship.digests import format_digest, hex_of, sha256_hex
+from weightship.errors import IntegrityError
+from weightship.layout import read_verification, read_version_manifest
+from weightship.manifest import Manifest
+
+__all__ = ["check_version_dir", "chunk_matches", "read_matches", "verify_chunk"]
+
+
+def chunk_matches(data: bytes | bytearray | memoryview, expected_hex: str) -> bool:
+    """Whether ``data`` hashes to ``expected_hex``."""
+    return sha256_hex(data) == expected_hex
+
+
+def verify_chunk(data: bytes | bytearray | memoryview, expected_hex: str, what: str) -> None:
+    """Raise ``IntegrityError`` unless ``data`` hashes to ``expected_hex``."""
+    actual = sha256_hex(data)
+    if actual != expected_hex:
+        raise IntegrityError(
+            f"{what}: {len(data)} bytes hash to sha256:{actual[:16]}…, the manifest says sha256:{expected_hex[:16]}…; "
+            "the bytes were rejected and will be fetched again"
+        )
+
+
+def read_matches(fd: int, offset: int, length: int, expected_hex: str, buf: bytearray) -> bool:
+    """Whether the ``length`` bytes at ``offset`` of ``fd`` hash to ``expected_hex`` (read into ``buf``)."""
+    view = memoryview(buf)[:length]
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            return False
+        done += n
+    return chunk_matches(view, expected_hex)
+
+
+def check_version_dir(directory: Path, digest: str | None = None) -> Manifest:
+    """The manifest of a ready version directory, or ``IntegrityError`` saying what is wrong."""
+    manifest = read_version_manifest(directory, digest)
+    record = read_verification(directory)
+    expected = format_digest(hex_of(digest or directory.name))
+    if record is None or record.digest != expected:
+        raise IntegrityError(f"{directory} has no verification record for {expected}: it was never fully verified")
+    for entry in manifest.files:
+        path = directory / entry.path
+        try:
+            size = path.lstat().st_size
+        except FileNotFoundError:
+            raise IntegrityError(f"{directory}: file {entry.path} is missing") from None
+        if not path.is_file() or path.is_symlink() or size != entry.size:
+            raise IntegrityError(f"{directory}: file {entry.path} is {size} bytes, the manifest says {entry.size}")
+    return manifest

@@ -1,0 +1,307 @@
+"""Fetch throughput of one agent against ``curl`` of the same bytes from the same origin, in one run.
+
+Two origins, each measured with both clients:
+
+* ``sendfile``: a static file server (aiohttp ``FileResponse``: ``sendfile``, range requests)
+  over the control plane's blob directory, standing in for S3 or nginx: an origin that is not
+  the bottleneck and leaves the node's CPUs to the client. The control plane's signed blob URLs
+  point at it (a second control-plane process on the same database with that public URL).
+  This is the figure that measures the agent, and the one ``ratio_vs_curl`` reports.
+* ``controlplane``: the control plane itself serves the blobs on its signed URLs (uvicorn,
+  local-directory store), as in the local demo. On a small machine the origin then competes
+  with the client for the same CPUs, so this ratio says as much about the co-located origin.
+
+* ``curl``: one ``curl`` process downloads every blob of the version (one GET per blob, one
+  connection reused) into files on the same disk. It verifies nothing and syncs nothing.
+* ``agent``: a real ``weightship-agent`` process, registered and idle, is pointed at the version;
+  timed from the pointer update to the local API reporting it ready. That covers the long-poll
+  wake-up, manifest, blob URLs, range requests with bounded concurrency, SHA-256 of every chunk
+  before it is written, fsync of every file, the verification record, the rename into
+  ``versions/`` and the ``current`` switch. A fresh data directory and agent each round.
+
+Rounds alternate curl and agent (``--repeat``) so a noisy shared machine hurts both alike; the
+figures use each side's best round, medians are printed too. The origin's files are read once
+beforehand so every round starts from a warm page cache on the origin side.
+
+Usage: python bench/fetch.py [--size 2GiB] [--files 4] [--chunk-size 64MiB] [--concurrency 8]
+                             [--repeat 3] [--dir PATH]
+Last line: one JSON object; ``ratio_vs_curl`` = agent GB/s / curl GB/s (sendfile origin, best
+rounds); ``ratio_vs_curl_controlplane_origin`` the same with the control plane serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from safetensors.numpy import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.config import parse_size
+from weightship.client import Client
+
+REPO = Path(__file__).resolve().parent.parent
+ADMIN = "ws_bench-fetch-admin-token-0123456789abcdef"
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(probe: Callable[[], Any], seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            result = probe()
+            if result:
+                return result
+        except (httpx.HTTPError, OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def serve_static(root: str, port: int) -> None:
+    """``--serve-static``: blobs of a local store at ``/v1/blobs/<sha256>`` with sendfile and ranges."""
+    from aiohttp import web
+
+    base = Path(root)
+
+    async def blob(request: web.Request) -> web.StreamResponse:
+        path = base / request.match_info["sha"]
+        return web.FileResponse(path) if path.is_file() else web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/v1/blobs/{sha}", blob)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def make_model(root: Path, size: int, files: int) -> None:
+    """``files`` safetensors shards of random bytes (distinct chunks: nothing deduplicates)."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1234)
+    per = size // files
+    for i in range(files):
+        data = np.frombuffer(rng.bytes(per), dtype=np.uint8)
+        save_file({f"layer{i}.weight": data}, str(root / f"model-{i + 1:05d}-of-{files:05d}.safetensors"))
+    (root / "config.json").write_text(json.dumps({"model_type": "bench", "files": files}))
+
+
+def filesystem(path: Path) -> str:
+    try:
+        out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, check=True).stdout
+        fields = out.splitlines()[1].split()
+        return f"{fields[1]} on {fields[0]}"
+    except (subprocess.CalledProcessError, IndexError, FileNotFoundError):
+        return "unknown"
+
+
+class Bench:
+    """The processes of one run and the measurements."""
+
+    def __init__(self, work: Path, concurrency: int) -> None:
+        self.work = work
+        self.concurrency = concurrency
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.rounds = 0
+
+    def spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with open(self.work / log, "ab") as out:
+            proc = subprocess.Popen(argv, cwd=REPO, env=env or dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def controlplane(self, public_url: str | None = None) -> str:
+        """Start a control-plane process on the shared database and store; returns its URL."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "WEIGHTSHIP_DATABASE_URL": f"sqlite:///{self.work / 'cp.db'}",
+            "WEIGHTSHIP_STORE": f"local:{self.work / 'origin'}",
+            "WEIGHTSHIP_ADMIN_TOKEN": ADMIN,
+            "WEIGHTSHIP_PUBLIC_URL": public_url or url,
+            "WEIGHTSHIP_URL_SIGNING_KEY": "bench-signing-key",
+        }
+        self.spawn([PY, "-m", "controlplane", "serve", "--port", str(port), "--log-level", "warning"], "cp.log", env)
+        wait_until(lambda: httpx.get(url + "/readyz").status_code == 200, 60, "the control plane")
+        return url
+
+    def curl(self, cp_url: str, blobs: list[str], size: int) -> float:
+        """Seconds for one curl process to download every blob into files."""
+        out = self.work / "curl"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        with Client(cp_url, ADMIN) as client:
+            urls = client.blob_urls(blobs).urls
+        argv = ["curl", "-sS", "--fail"]
+        for blob in blobs:
+            argv += ["-o", str(out / blob), urls[blob].url]
+        t = time.monotonic()
+        subprocess.run(argv, check=True)
+        seconds = time.monotonic() - t
+        got = sum((out / b).stat().st_size for b in blobs)
+        assert got == size, f"curl fetched {got} bytes, expected {size}"
+        shutil.rmtree(out)
+        return seconds
+
+    def agent(self, cp_url: str, token: str, digest: str) -> tuple[float, int]:
+        """Seconds from a pointer update to a fresh agent serving ``digest``, and its bytes downloaded."""
+        self.rounds += 1
+        name = f"bench-{self.rounds}"
+        data = self.work / name
+        with Client(cp_url, ADMIN) as client:
+            client.create_deployment(name, "bench")
+            argv = [
+                PY, "-m", "agent", "--control-plane", cp_url, "--name", name, "--data-dir", str(data),
+                "--deployment", name, "--local-api", "127.0.0.1:0", "--concurrency", str(self.concurrency),
+                "--no-prefetch",
+            ]  # fmt: skip
+            agent = self.spawn(argv, f"{name}.log", {**os.environ, "WEIGHTSHIP_AGENT_TOKEN": token})
+            runtime = data / "agent.json"
+            wait_until(lambda: json.loads(runtime.read_text())["node_id"], 60, "the agent to register")
+            api = json.loads(runtime.read_text())["local_api"]
+            t = time.monotonic()
+            client.set_pointer(name, digest, expected_epoch=client.get_deployment(name).epoch)
+        view = httpx.get(
+            f"{api}/local/v1/deployments/{name}/wait", params={"after_epoch": 0, "timeout": 600}, timeout=620
+        ).json()
+        seconds = time.monotonic() - t
+        assert view["ready"], view
+        assert view["digest"] == digest, view
+        downloaded = int(httpx.get(f"{api}/local/v1/status").json()["counters"]["bytes_downloaded"])
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
+        self.procs.remove(agent)
+        shutil.rmtree(data)
+        return seconds, downloaded
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="2GiB", help="version size (default: %(default)s)")
+    parser.add_argument("--files", type=int, default=4, help="weight files (default: %(default)s)")
+    parser.add_argument("--chunk-size", default="64MiB", help="manifest chunk size (default: %(default)s)")
+    parser.add_argument("--concurrency", type=int, default=8, help="agent chunk requests in flight")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating rounds per origin (default: %(default)s)")
+    parser.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--serve-static", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_static:
+        serve_static(args.serve_static[0], int(args.serve_static[1]))
+        return
+    size, chunk = parse_size(args.size), parse_size(args.chunk_size)
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="ws-bench-fetch-"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    bench = Bench(work, args.concurrency)
+    try:
+        print(
+            f"conditions: {os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}, "
+            f"loopback, work dir {work} ({filesystem(work)}), {size / 2**30:.2f} GiB in {args.files} files, "
+            f"chunk {chunk / 2**20:.0f} MiB, agent concurrency {args.concurrency}, "
+            f"{args.repeat} alternating rounds per origin; load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        t = time.monotonic()
+        make_model(work / "model", size, args.files)
+        print(f"model generated in {time.monotonic() - t:.1f}s", flush=True)
+        cp_url = bench.controlplane()
+        with Client(cp_url, ADMIN, timeout=600) as client:
+            t = time.monotonic()
+            version = client.publish_directory(work / "model", "bench", ["v1"], chunk_size=chunk).version
+            print(f"published {version.digest} ({version.size} bytes) in {time.monotonic() - t:.1f}s", flush=True)
+            blobs = [f["sha256"] for f in json.loads(client.get_manifest("bench", version.digest))["files"]]
+            token = client.create_token("bench-agent", "agent").token
+        blob_dir = work / "origin" / "blobs" / "sha256"
+        for blob in blobs:  # warm the origin's page cache for every round alike
+            with open(blob_dir / blob, "rb") as handle:
+                while handle.read(16 << 20):
+                    pass
+        static_port = free_port()
+        bench.spawn([PY, __file__, "--serve-static", str(blob_dir), str(static_port)], "static.log")
+        origins = {"sendfile": bench.controlplane(f"http://127.0.0.1:{static_port}"), "controlplane": cp_url}
+
+        results: dict[str, dict[str, Any]] = {}
+        for origin, url in origins.items():
+            curl_s: list[float] = []
+            agent_s: list[float] = []
+            downloaded: list[int] = []
+            for round_ in range(args.repeat):
+                curl_s.append(bench.curl(url, blobs, version.size))
+                seconds, got = bench.agent(url, token, version.digest)
+                agent_s.append(seconds)
+                downloaded.append(got)
+                print(
+                    f"{origin} round {round_ + 1}: curl {curl_s[-1]:.3f}s "
+                    f"({version.size / curl_s[-1] / 1e9:.3f} GB/s), agent {seconds:.3f}s "
+                    f"({version.size / seconds / 1e9:.3f} GB/s), agent downloaded {got} bytes",
+                    flush=True,
+                )
+            curl_gbps = version.size / min(curl_s) / 1e9
+            agent_gbps = version.size / min(agent_s) / 1e9
+            print(
+                f"{origin}: curl best {curl_gbps:.3f} GB/s (median {statistics.median(curl_s):.3f}s), "
+                f"agent best {agent_gbps:.3f} GB/s (median {statistics.median(agent_s):.3f}s), "
+                f"ratio {agent_gbps / curl_gbps:.3f}",
+                flush=True,
+            )
+            results[origin] = {
+                "curl_seconds": [round(s, 4) for s in curl_s],
+                "agent_seconds": [round(s, 4) for s in agent_s],
+                "agent_bytes_downloaded": downloaded,
+                "curl_gbps": round(curl_gbps, 4),
+                "agent_gbps": round(agent_gbps, 4),
+                "ratio": round(agent_gbps / curl_gbps, 4),
+            }
+        print(
+            json.dumps(
+                {
+                    "bench": "fetch",
+                    "bytes": version.size,
+                    "files": len(blobs),
+                    "chunk_size": chunk,
+                    "concurrency": args.concurrency,
+                    "rounds": args.repeat,
+                    "cpus": os.cpu_count(),
+                    "sendfile_origin": results["sendfile"],
+                    "controlplane_origin": results["controlplane"],
+                    "curl_gbps": results["sendfile"]["curl_gbps"],
+                    "agent_gbps": results["sendfile"]["agent_gbps"],
+                    "ratio_vs_curl": results["sendfile"]["ratio"],
+                    "ratio_vs_curl_controlplane_origin": results["controlplane"]["ratio"],
+                }
+            )
+        )
+    finally:
+        bench.close()
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

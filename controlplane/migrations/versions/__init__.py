@@ -1,0 +1,1 @@
+"""Migration scripts, oldest first; each names the one it follows in ``down_revision``."""

@@ -1,0 +1,175 @@
+"""Retries with backoff for S3 calls, and the one place botocore errors become ours.
+
+Two layers, on purpose. botocore's own ``standard`` retry mode (``sdk_attempts`` per call)
+absorbs the brief blips it knows about, with its timeouts from ``connect_timeout`` and
+``read_timeout``. Around it, ``call`` retries what may pass with time (throttling, 5xx,
+timeouts, refused connections, 409 ``ConditionalRequestConflict``) ``attempts`` times with
+capped exponential backoff and full jitter, then raises ``TemporaryError``: the caller may try
+again later. Everything else is mapped at once and never retried: a missing key or upload
+(``NotFoundError``), a lost ``If-None-Match`` (``PreconditionFailed``), bytes that do not match
+(``IntegrityError``), and credentials, permissions or a missing bucket (``StoreError``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+    NoCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+
+from weightship.errors import (
+    IntegrityError,
+    NotFoundError,
+    PreconditionFailed,
+    StoreError,
+    TemporaryError,
+    WeightshipError,
+)
+
+__all__ = ["RetryPolicy", "call", "map_error"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+_RETRYABLE_CODES = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "ConditionalRequestConflict",
+        "OperationAborted",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload"})
+_INTEGRITY_CODES = frozenset(
+    {
+        "BadDigest",
+        "InvalidDigest",
+        "XAmzContentSHA256Mismatch",
+        "InvalidChecksum",
+        "InvalidPart",
+        "InvalidPartOrder",
+        "EntityTooSmall",
+    }
+)
+_ACCESS_CODES = frozenset(
+    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled", "ExpiredToken", "403"}
+)
+_TRANSIENT_EXCEPTIONS = (
+    EndpointConnectionError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
+    ConnectionClosedError,
+    ResponseStreamingError,
+    HTTPClientError,
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try an S3 call before giving up; ``sleep`` is injectable for tests."""
+
+    attempts: int = 3
+    sdk_attempts: int = 2
+    base_delay: float = 0.25
+    max_delay: float = 8.0
+    connect_timeout: float = 5.0
+    read_timeout: float = 20.0
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+
+    def botocore_config(self, path_style: bool) -> Config:
+        """The botocore client configuration: timeouts, its own retries, SigV4."""
+        return Config(
+            signature_version="s3v4",
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            retries={"mode": "standard", "total_max_attempts": max(1, self.sdk_attempts)},
+            s3={"addressing_style": "path" if path_style else "auto"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+
+    def delay(self, attempt: int) -> float:
+        """Seconds before retry ``attempt`` (1-based): capped exponential, full jitter."""
+        return random.uniform(0.0, min(self.max_delay, self.base_delay * 2.0 ** (attempt - 1)))
+
+
+def _classify(exc: Exception, what: str) -> tuple[WeightshipError, bool]:
+    """Our error for a botocore failure of ``what``, and whether retrying may help."""
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        message = str(error.get("Message", "")) or code
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in _RETRYABLE_CODES or status >= 500 or status == 429:
+            return TemporaryError(f"{what} failed: S3 answered {status} {code}: {message}"), True
+        if code in _NOT_FOUND_CODES or status == 404:
+            if code == "NoSuchBucket":
+                return StoreError(f"{what}: the bucket does not exist; create it or fix the store URL"), False
+            return NotFoundError(f"{what}: not found ({code})"), False
+        if code == "PreconditionFailed" or status == 412:
+            return PreconditionFailed(f"{what}: the object already exists"), False
+        if code in _INTEGRITY_CODES:
+            return IntegrityError(f"{what}: S3 refused the bytes ({code}: {message})"), False
+        if code in _ACCESS_CODES or status == 403:
+            return StoreError(
+                f"{what}: access denied ({code}: {message}); check the credentials and the bucket policy"
+            ), False
+        return StoreError(f"{what} failed: S3 answered {status} {code}: {message}"), False
+    if isinstance(exc, NoCredentialsError):
+        return StoreError(
+            f"{what}: no S3 credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a role"
+        ), False
+    if isinstance(exc, _TRANSIENT_EXCEPTIONS):
+        return TemporaryError(f"{what} failed: {type(exc).__name__}: {exc}"), True
+    return StoreError(f"{what} failed: {type(exc).__name__}: {exc}"), False
+
+
+def map_error(exc: Exception, what: str) -> WeightshipError:
+    """Our error for a botocore failure of ``what`` (no retry)."""
+    return _classify(exc, what)[0]
+
+
+def call(policy: RetryPolicy, what: str, fn: Callable[[], _T]) -> _T:
+    """``fn()``, retried per ``policy`` while it fails in a way that may pass; errors mapped."""
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except (BotoCoreError, ClientError) as exc:
+            error, retryable = _classify(exc, what)
+        if not retryable:
+            raise error from None
+        if attempt >= policy.attempts:
+            log.warning("event=s3_gave_up what=%r attempts=%d error=%r", what, attempt, error.message)
+            raise TemporaryError(
+                f"{error.message}; gave up after {attempt} attempts: check that the S3 endpoint is reachable "
+                "and healthy, then retry",
+                delay=policy.max_delay,
+            ) from None
+        pause = policy.delay(attempt)
+        log.info("event=s3_retry what=%r attempt=%d delay=%.3f error=%r", what, attempt, pause, error.message)
+        policy.sleep(pause)
+        attempt += 1

@@ -1,0 +1,243 @@
+"""`make demo`: the main job end to end on one machine, on embedded defaults.
+
+Starts a local S3 (moto's server, its own process) and the control plane (its own process,
+SQLite), generates a ~200 MB llama-style model, publishes v1 and v2 (v2 shares shards with v1,
+which are not uploaded again), starts 4 node agents (their own processes) that fetch and verify
+v1, switches the deployment to v2, rolls back to v1, and prints what happened. The last line is
+one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from weightship.client import Client
+from weightship.schemas import Role
+
+PY = sys.executable
+BIN = Path(PY).parent
+MODEL = "demo-llama"
+DEPLOYMENT = "demo-chat"
+console = Console(highlight=False, width=120)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 60.0, interval: float = 0.02) -> float:
+    """Poll ``check`` until true; the seconds it took. Fails loudly on timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            if check():
+                return time.monotonic() - start
+        except (httpx.HTTPError, OSError):
+            pass
+        time.sleep(interval)
+    raise SystemExit(f"demo: timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Processes:
+    """Child processes, each logging to a file, all stopped at exit."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the child
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.children.append(proc)
+        return proc
+
+    def check(self) -> None:
+        """Fail at once, with the log's tail, if any child has exited."""
+        for proc in self.children:
+            if proc.poll() is not None:
+                name = Path(str(proc.args[0])).name if isinstance(proc.args, list) else "child"
+                raise SystemExit(f"demo: {proc.args[:4]} ({name}) exited with {proc.returncode}; logs in {self.logs}")
+
+    def stop(self) -> None:
+        for proc in self.children:
+            proc.terminate()
+        for proc in self.children:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def local_state(port: int) -> dict[str, object]:
+    response = httpx.get(f"http://127.0.0.1:{port}/local/v1/deployments/{DEPLOYMENT}", timeout=2)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def all_serving(procs: Processes, ports: list[int], digest: str) -> bool:
+    procs.check()
+    return all(local_state(p).get("digest") == digest and local_state(p).get("ready") for p in ports)
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--size-mb", type=float, default=200.0)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="weightship-demo-"))
+    (work / "logs").mkdir()
+    procs = Processes(work / "logs")
+    admin = "ws_" + secrets.token_urlsafe(24)
+    # moto accepts any credentials; set them here so this process and its children agree.
+    os.environ.update({"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo", "AWS_DEFAULT_REGION": "us-east-1"})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        console.rule("[bold]weightship demo")
+        console.print(f"work directory: {work}")
+
+        # 1. Local S3 and the control plane, each its own process.
+        s3_port = free_port()
+        procs.start("s3", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)], env)
+        s3_url = f"http://127.0.0.1:{s3_port}"
+        wait_until("the local S3 server", lambda: httpx.get(s3_url, timeout=1).status_code < 500)
+        import boto3
+
+        boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1").create_bucket(Bucket="weightship-demo")
+        cp_port = free_port()
+        cp_url = f"http://127.0.0.1:{cp_port}"
+        cp_env = {
+            **env,
+            "WEIGHTSHIP_DATABASE_URL": f"sqlite:///{work / 'controlplane.db'}",
+            "WEIGHTSHIP_STORE": "s3://weightship-demo",
+            "WEIGHTSHIP_S3_ENDPOINT_URL": s3_url,
+            "WEIGHTSHIP_ADMIN_TOKEN": admin,
+            "WEIGHTSHIP_PUBLIC_URL": cp_url,
+        }
+        procs.start("controlplane", [PY, "-m", "controlplane", "serve", "--port", str(cp_port)], cp_env)
+        wait_until("the control plane", lambda: httpx.get(cp_url + "/readyz", timeout=1).status_code == 200)
+        console.print(f"control plane at {cp_url} (SQLite), origin store s3://weightship-demo on {s3_url} (moto)")
+
+        with Client(cp_url, admin) as root:
+            publisher = root.create_token("demo-publisher", Role.publisher).token
+            operator = root.create_token("demo-operator", Role.operator).token
+            agent_token = root.create_token("demo-agents", Role.agent).token
+
+        # 2. Two versions of a real safetensors model; v2 redraws only the last shard.
+        t0 = time.monotonic()
+        gen = [PY, "-m", "gpu_loader.modelgen"]
+        common = ["--size-mb", str(args.size_mb), "--seed", "7", "--shards", "4"]
+        subprocess.run([*gen, str(work / "v1"), *common], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run([*gen, str(work / "v2"), *common, "--variant", "1"], check=True, env=env, stdout=subprocess.DEVNULL)
+        console.print(f"generated v1 and v2 ({args.size_mb:.0f} MB each, 4 shards) in {time.monotonic() - t0:.1f}s")
+
+        # 3. Publish both; v2's unchanged shards are already in the store.
+        table = Table("version", "digest", "files", "total", "uploaded", "deduplicated", "hash s", "upload s")
+        results = []
+        with Client(cp_url, publisher) as client:
+            for label in ("v1", "v2"):
+                r = client.publish_directory(work / label, MODEL, [label])
+                results.append(r)
+                table.add_row(label, r.version.digest[:19], str(r.files), mb(r.bytes_total), mb(r.bytes_uploaded),
+                              mb(r.bytes_deduplicated), f"{r.hash_seconds:.2f}", f"{r.upload_seconds:.2f}")
+        console.print(table)
+        v1, v2 = (r.version.digest for r in results)
+
+        # 4. A deployment on v1, served by N agents.
+        ops = Client(cp_url, operator)
+        epoch = ops.create_deployment(DEPLOYMENT, MODEL).epoch
+        ops.set_pointer(DEPLOYMENT, stable="v1", expected_epoch=epoch, reason="first release")
+        ports = [free_port() for _ in range(args.agents)]
+        for i, port in enumerate(ports):
+            procs.start(f"agent-{i}", [
+                PY, "-m", "agent", "--control-plane", cp_url, "--token", agent_token, "--name", f"node-{i}",
+                "--data-dir", str(work / f"node-{i}"), "--deployment", DEPLOYMENT,
+                "--local-api", f"127.0.0.1:{port}", "--heartbeat-interval", "0.5",
+                "--zone", f"zone-{i % 2}", "--gpu-type", "demo",
+            ], env)
+        took = wait_until(f"{args.agents} agents to fetch, verify and serve v1", lambda: all_serving(procs, ports, v1), timeout=180)
+        console.print(f"{args.agents} agents fetched, verified and switched to v1 in {took:.1f}s")
+
+        def counters() -> dict[str, int]:
+            return {n.name: n.counters.bytes_downloaded for n in ops.list_nodes()}
+
+        def reported(digest: str) -> bool:
+            nodes = ops.list_nodes()
+            return len(nodes) == args.agents and all(
+                any(s.name == DEPLOYMENT and s.digest == digest for s in n.serving) for n in nodes
+            )
+
+        wait_until("heartbeats to report v1", lambda: reported(v1))
+        after_v1 = counters()
+
+        # 5. Switch to v2: only the changed shard is downloaded.
+        ops.set_pointer(DEPLOYMENT, stable="v2", expected_epoch=ops.get_deployment(DEPLOYMENT).epoch, reason="new weights")
+        took = wait_until("all agents to serve v2", lambda: all_serving(procs, ports, v2), timeout=180)
+        wait_until("heartbeats to report v2", lambda: reported(v2))
+        after_v2 = counters()
+        console.print(f"all agents switched to v2 in {took:.1f}s")
+
+        # 6. Roll back: a pointer flip to the copy already on every disk.
+        start = time.monotonic()
+        ops.rollback(DEPLOYMENT, reason="demo: roll back v2")
+        rollback_api = time.monotonic() - start
+        wait_until("all agents to serve v1 again", lambda: all_serving(procs, ports, v1), timeout=60, interval=0.005)
+        rollback_all = time.monotonic() - start
+        wait_until("heartbeats to report the rollback", lambda: reported(v1))
+        after_rb = counters()
+
+        table = Table("agent", "v1 download", "v2 switch download", "rollback download")
+        for name in sorted(after_rb):
+            table.add_row(name, mb(after_v1[name]), mb(after_v2[name] - after_v1[name]), mb(after_rb[name] - after_v2[name]))
+        console.print(table)
+        rollback_bytes = sum(after_rb[n] - after_v2[n] for n in after_rb)
+        console.print(f"rollback: API call {rollback_api * 1000:.0f} ms, all {args.agents} agents switched in "
+                      f"{rollback_all * 1000:.0f} ms, {rollback_bytes} bytes downloaded")
+
+        history = Table("epoch", "action", "actor", "from", "to", "reason")
+        for ev in ops.history(DEPLOYMENT):
+            history.add_row(str(ev.epoch), ev.action, ev.actor, (ev.from_stable or "-")[:19], (ev.to_stable or "-")[:19], ev.reason)
+        console.print(history)
+        ops.close()
+
+        figures = {
+            "versions_published": len(results),
+            "bytes_uploaded": sum(r.bytes_uploaded for r in results),
+            "bytes_deduplicated": sum(r.bytes_deduplicated for r in results),
+            "rollback_seconds": round(rollback_api, 4),
+            "agents": args.agents,
+            "rollback_bytes_downloaded": rollback_bytes,
+            "rollback_all_switched_seconds": round(rollback_all, 4),
+            "v2_switch_bytes_downloaded": sum(after_v2[n] - after_v1[n] for n in after_v2),
+        }
+        print(json.dumps(figures))
+    finally:
+        procs.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The load plan: which bytes to read, where each lands, and which reads make each tensor whole.
+
+Planning works on byte ranges, not tensors. For each weight file the tensors a load needs (a
+rank's rows under tensor parallelism) are sorted by offset and merged into *runs* of adjacent
+bytes. Each file gets one *arena* (a flat byte buffer on the target device) holding its runs
+back to back; a tensor is a view into its file's arena. Runs keep their file offset modulo 64,
+so tensors that are aligned in the file stay aligned in the arena.
+
+The unit of work is an *item*, read by one reader thread:
+
+* when chunks are verified (``full`` / ``fast``), an item is one manifest chunk, read whole
+  because its digest covers every byte of it; bytes no tensor needs (the header, other ranks'
+  rows) are read into scratch only to be hashed;
+* with ``trust`` an item is a piece of a run of at most ``block_size`` bytes, so only needed bytes
+  are read.
+
+An item is read as *blocks* of at most ``block_size`` bytes (one staging buffer each); a block is
+a list of *pieces*, each landing in the arena or in scratch. A tensor is ready when every item
+that touches it is done.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpu_loader.sharding import ShardSpec, tensor_range
+from weightship.chunks import chunk_count
+from weightship.manifest import FileEntry
+from weightship.safetensors_header import TensorInfo
+
+__all__ = ["ARENA_ALIGN", "Block", "FilePlan", "Item", "LoadPlan", "Piece", "TensorSlot", "make_plan"]
+
+ARENA_ALIGN = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSlot:
+    """Where one tensor (or one rank's rows of it) lands."""
+
+    name: str
+    file: int
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    nbytes: int
+    arena_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Bytes ``[start, start + length)`` of a file, landing at ``arena_offset`` (``None``: scratch)."""
+
+    start: int
+    length: int
+    arena_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One read call's worth of bytes: contiguous in the file, split into pieces by destination."""
+
+    start: int
+    end: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def length(self) -> int:
+        """Bytes in the block."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A unit of work for one reader: a chunk (verified loads) or a run piece (trusted loads)."""
+
+    file: int
+    start: int
+    end: int
+    chunk: int | None
+    blocks: tuple[Block, ...]
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FilePlan:
+    """A weight file in the plan and the size of its arena."""
+
+    entry: FileEntry
+    arena_size: int
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Everything a load reads and where it goes."""
+
+    files: tuple[FilePlan, ...]
+    slots: tuple[TensorSlot, ...]
+    items: tuple[Item, ...]
+    chunked: bool
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes the load reads from disk."""
+        return sum(i.end - i.start for i in self.items)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of tensor data the load hands out (before any cast)."""
+        return sum(s.nbytes for s in self.slots)
+
+
+@dataclass(slots=True)
+class _Run:
+    start: int
+    end: int
+    arena_offset: int = 0
+
+
+def _runs(slots: list[TensorSlot]) -> list[_Run]:
+    runs: list[_Run] = []
+    for slot in sorted((s for s in slots if s.nbytes), key=lambda s: s.start):
+        if runs and runs[-1].end == slot.start:
+            runs[-1].end = slot.start + slot.nbytes
+        else:
+            runs.append(_Run(slot.start, slot.start + slot.nbytes))
+    cursor = 0
+    for run in runs:
+        run.arena_offset = cursor + (run.start - cursor) % ARENA_ALIGN
+        cursor = run.arena_offset + run.end - run.start
+    return runs
+
+
+def _pieces(runs: list[_Run], starts: list[int], start: int, end: int) -> list[Piece]:
+    """Pieces tiling ``[start, end)``: arena pieces where runs cover it, scratch elsewhere."""
+    pieces: list[Piece] = []
+    cursor = start
+    i = max(0, bisect.bisect_right(starts, start) - 1)
+    while cursor < end:
+        run = runs[i] if i < len(runs) else None
+        if run is None or run.start >= end:
+            pieces.append(Piece(cursor, end - cursor, None))
+            break
+        if run.end <= cursor:
+            i += 1
+            continue
+        if run.start > cursor:
+            pieces.append(Piece(cursor, run.start - cursor, None))
+            cursor = run.start
+        stop = min(run.end, end)
+        pieces.append(Piece(cursor, stop - cursor, run.arena_offset + cursor - run.start))
+        cursor = stop
+        i += 1
+    return pieces
+
+
+def _blocks(pieces: list[Piece], start: int, end: int, block_size: int) -> tuple[Block, ...]:
+    blocks: list[Block] = []
+    queue = deque(pieces)
+    for b_start in range(start, end, block_size):
+        b_end = min(b_start + block_size, end)
+        inside: list[Piece] = []
+        while queue and queue[0].start < b_end:
+            piece = queue.popleft()
+            stop = min(piece.start + piece.length, b_end)
+            inside.append(Piece(piece.start, stop - piece.start, piece.arena_offset))
+            if stop < piece.start + piece.length:
+                rest_offset = None if piece.arena_offset is None else piece.arena_offset + stop - piece.start
+                queue.appendleft(Piece(stop, piece.start + piece.length - stop, rest_offset))
+        blocks.append(Block(b_start, b_end, tuple(inside)))
+    return tuple(blocks)
+
+
+def make_plan(
+    files: Sequence[tuple[FileEntry, Sequence[TensorInfo]]],
+    *,
+    shard: ShardSpec | None,
+    chunk_size: int,
+    chunked: bool,
+    block_size: int,
+) -> LoadPlan:
+    """Plan a load of the given tensors of each file.
+
+    ``chunked`` reads whole manifest chunks so that each can be verified; otherwise only the
+    needed bytes are read.
+    """
+    file_plans: list[FilePlan] = []
+    all_slots: list[TensorSlot] = []
+    items: list[Item] = []
+    for file_index, (entry, tensors) in enumerate(files):
+        assert entry.safetensors is not None, entry.path
+        data_start = entry.safetensors.data_start
+        slots: list[TensorSlot] = []
+        for info in tensors:
+            rng = tensor_range(info, shard, entry.path)
+            slots.append(TensorSlot(info.name, file_index, info.dtype, rng.shape, data_start + rng.begin, rng.end - rng.begin, 0))
+        runs = _runs(slots)
+        starts = [r.start for r in runs]
+        placed: list[TensorSlot] = []
+        for slot in slots:
+            offset = 0
+            if slot.nbytes:
+                run = runs[bisect.bisect_right(starts, slot.start) - 1]
+                offset = run.arena_offset + slot.start - run.start
+            placed.append(TensorSlot(slot.name, file_index, slot.dtype, slot.shape, slot.start, slot.nbytes, offset))
+        arena_size = runs[-1].arena_offset + runs[-1].end - runs[-1].start if runs else 0
+        file_plans.append(FilePlan(entry, arena_size))
+
+        ranges: list[tuple[int, int, int | None]] = []
+        if chunked:
+            wanted: set[int] = set()
+            for run in runs:
+                wanted.update(range(run.start // chunk_size, (run.end - 1) // chunk_size + 1))
+            assert all(c < chunk_count(entry.size, chunk_size) for c in wanted)
+            ranges = [(*entry.chunk_range(c, chunk_size), c) for c in sorted(wanted)]
+        else:
+            for run in runs:
+                ranges.extend((s, min(s + block_size, run.end), None) for s in range(run.start, run.end, block_size))
+        base = len(all_slots)
+        item_starts = [r[0] for r in ranges]
+        touching: list[list[int]] = [[] for _ in ranges]
+        for i, slot in enumerate(placed):
+            if slot.nbytes:
+                first = bisect.bisect_right(item_starts, slot.start) - 1
+                last = bisect.bisect_left(item_starts, slot.start + slot.nbytes) - 1
+                for k in range(first, last + 1):
+                    touching[k].append(base + i)
+        for (start, end, chunk), slot_ids in zip(ranges, touching, strict=True):
+            pieces = _pieces(runs, starts, start, end)
+            items.append(Item(file_index, start, end, chunk, _blocks(pieces, start, end, block_size), tuple(slot_ids)))
+        all_slots.extend(placed)
+    return LoadPlan(files=tuple(file_plans), slots=tuple(all_slots), items=tuple(items), chunked=chunked)

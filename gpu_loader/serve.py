@@ -1,0 +1,375 @@
+"""``weightship-serve``: the reference model server.
+
+::
+
+    weightship-serve --agent http://127.0.0.1:7070 --deployment chat --device cuda:0
+    weightship-serve --version-dir /var/lib/weightship/versions/<hex> --device cpu
+
+With ``--agent`` the server asks the agent's local API what to serve for the deployment, loads it
+through ``gpu_loader`` and validates it, then long-polls for the next pointer epoch. On a switch
+it loads and validates the new version while the old one keeps answering, swaps atomically, and
+frees the old model once its last request is done, so no request fails during a swap. A version
+that fails to load or validate is reported to the agent (``ValidationReport``) and not served;
+the previous one stays. ``--version-dir`` serves one version without an agent and exits with
+status 1 if it fails.
+
+HTTP:
+
+``POST /v1/generate``  ``{"input_ids": [[int, ...], ...], "max_new_tokens": 1}`` ->
+    ``{"digest", "epoch", "output_ids"}`` (greedy); 503 until a version is ready.
+``GET /v1/status``     what is served, load statistics and validation checks.
+``GET /healthz``       the process is up.  ``GET /readyz``  200 only while a validated version serves.
+``GET /metrics``       Prometheus metrics (``metrics.ServeMetrics``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from gpu_loader.agent_api import LocalAgent, validation_report
+from gpu_loader.loader import Loader, LoadOptions, VerifyMode
+from gpu_loader.logs import log_event
+from gpu_loader.metrics import ServeMetrics
+from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens, prepare
+from weightship.errors import WeightshipError
+
+__all__ = ["ServeConfig", "Server", "main"]
+
+_log = logging.getLogger("gpu_loader.serve")
+_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+MAX_BATCH = 32
+MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Command-line settings."""
+
+    deployment: str
+    agent: str | None
+    version_dir: Path | None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    port_file: Path | None = None
+    device: str = "cpu"
+    dtype: torch.dtype | None = None
+    verify: VerifyMode = "fast"
+    workers: int = 2
+    poll_seconds: float = 30.0
+    checksum_dir: Path | None = None
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class Server:
+    """The HTTP server, the served-model slot and the agent follower."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.metrics = ServeMetrics()
+        self.slot = ModelSlot()
+        self.loader = Loader(LoadOptions(checksum_dir=config.checksum_dir))
+        self._infer = ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="ws-infer")
+        self._load = ThreadPoolExecutor(1, thread_name_prefix="ws-load")
+        self.last_failure: Prepared | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app.router.add_post("/v1/generate", self._generate)
+        app.router.add_get("/v1/status", self._status)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    # --- HTTP handlers -------------------------------------------------------------------------
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        code = 200
+        try:
+            prompts, new_tokens = _parse_generate(await request.read())
+            served = self.slot.acquire()
+            if served is None:
+                code = 503
+                return web.json_response({"error": {"code": "not_ready", "message": "no validated version is loaded yet"}}, status=503)
+            try:
+                _check_vocab(served, prompts, new_tokens)
+                self.metrics.queue_depth.inc()
+                loop = asyncio.get_running_loop()
+                output = await loop.run_in_executor(self._infer, self._compute, served, prompts, new_tokens)
+            finally:
+                self.slot.release(served)
+            return web.json_response({"digest": served.digest, "epoch": served.epoch, "output_ids": output})
+        except _BadRequest as exc:
+            code = 400
+            return web.json_response({"error": {"code": "invalid", "message": str(exc)}}, status=400)
+        except Exception as exc:
+            code = 500
+            self.metrics.errors.inc()
+            log_event(_log, logging.ERROR, "serve.request_failed", error=repr(exc))
+            return web.json_response({"error": {"code": "internal", "message": repr(exc)}}, status=500)
+        finally:
+            self.metrics.requests.labels(code=str(code)).inc()
+            self.metrics.latency.observe(time.perf_counter() - started)
+
+    def _compute(self, served: ServedModel, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        self.metrics.queue_depth.dec()
+        self.metrics.inflight.inc()
+        try:
+            assert served.model is not None, "a model in use is never dropped"
+            return generate_tokens(served.model, prompts, new_tokens)
+        finally:
+            self.metrics.inflight.dec()
+
+    async def _status(self, request: web.Request) -> web.Response:
+        served = self.slot.current
+        body: dict[str, Any] = {"deployment": self.config.deployment, "ready": served is not None, "serving": None}
+        if served is not None:
+            body["serving"] = {
+                "digest": served.digest,
+                "epoch": served.epoch,
+                "directory": str(served.directory),
+                "load": {"seconds": served.stats.seconds, "gbps": served.stats.gbps, "bytes_read": served.stats.bytes_read,
+                         "verify": served.stats.verify, "device": served.stats.device},
+                "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in served.outcome.checks],
+                "tensor_stats": [
+                    {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "mean": s.mean, "std": s.std, "absmax": s.absmax}
+                    for s in served.outcome.stats
+                ],
+            }
+        failure = self.last_failure
+        if failure is not None:
+            body["last_failure"] = {
+                "digest": failure.digest,
+                "error": failure.error,
+                "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in (failure.outcome.checks if failure.outcome else [])],
+            }
+        return web.json_response(body)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        served = self.slot.current
+        if served is None:
+            return web.json_response({"ready": False}, status=503)
+        return web.json_response({"ready": True, "digest": served.digest, "epoch": served.epoch})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    # --- loading and swapping ------------------------------------------------------------------
+
+    async def install(self, directory: Path, digest: str | None, epoch: int) -> Prepared:
+        """Load and validate a version (in a worker thread) and, if it passes, swap it in."""
+        log_event(_log, logging.INFO, "serve.loading", digest=digest or "-", epoch=epoch, directory=directory)
+        loop = asyncio.get_running_loop()
+        c = self.config
+        prepared = await loop.run_in_executor(
+            self._load, lambda: prepare(self.loader, directory, digest=digest, epoch=epoch, device=c.device, dtype=c.dtype, verify=c.verify)
+        )
+        if prepared.stats is not None:
+            self.metrics.load_seconds.labels(digest=prepared.digest).set(prepared.stats.seconds)
+            self.metrics.load_gbps.labels(digest=prepared.digest).set(prepared.stats.gbps)
+        self.metrics.validation.labels(digest=prepared.digest).set(1 if prepared.passed else 0)
+        if prepared.served is None:
+            self.last_failure = prepared
+            log_event(_log, logging.WARNING, "serve.version_refused", digest=prepared.digest, epoch=epoch, error=prepared.error or "-",
+                      failed=",".join(c.name for c in prepared.outcome.failures()) if prepared.outcome else "load")
+            return prepared
+        old = self.slot.swap(prepared.served)
+        self.metrics.ready.set(1)
+        self.metrics.version.labels(digest=prepared.digest, epoch=str(epoch)).set(1)
+        if old is not None:
+            self.metrics.swaps.inc()
+            with contextlib.suppress(KeyError):
+                self.metrics.version.remove(old.digest, str(old.epoch))
+            task = asyncio.create_task(self._retire(old))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        log_event(_log, logging.INFO, "serve.serving", digest=prepared.digest, epoch=epoch,
+                  load_seconds=prepared.served.stats.seconds, gbps=prepared.served.stats.gbps)
+        return prepared
+
+    async def _retire(self, old: ServedModel) -> None:
+        drained = await asyncio.to_thread(old.drained.wait, 300.0)
+        old.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        log_event(_log, logging.INFO, "serve.retired", digest=old.digest, drained=drained)
+
+    async def follow(self, agent: LocalAgent) -> None:
+        """Serve what the agent says, forever: long-poll each epoch after the one applied.
+
+        ``wait`` with ``after_epoch=0`` doubles as "wait until the deployment has a version".
+        """
+        name = self.config.deployment
+        epoch = 0
+        backoff = 0.5
+        while True:
+            try:
+                waited = await agent.wait(name, epoch, self.config.poll_seconds)
+                backoff = 0.5
+            except WeightshipError as exc:
+                log_event(_log, logging.WARNING, "serve.agent_unavailable", agent=agent.address, error=exc.message, retry_in=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(10.0, backoff * 2)
+                continue
+            if waited is None:
+                continue
+            deployment = waited
+            if deployment.epoch <= epoch:
+                continue  # not newer than the pointer already applied: ignore it
+            if deployment.digest is None or deployment.path is None or not deployment.ready:
+                # The agent answers a wait only once the version is ready; be patient if not.
+                log_event(_log, logging.INFO, "serve.nothing_to_load", epoch=deployment.epoch, ready=deployment.ready)
+                await asyncio.sleep(1.0)
+                continue
+            epoch = deployment.epoch
+            current = self.slot.current
+            if current is not None and current.digest == deployment.digest:
+                with contextlib.suppress(KeyError):
+                    self.metrics.version.remove(current.digest, str(current.epoch))
+                current.epoch = epoch
+                self.metrics.version.labels(digest=current.digest, epoch=str(epoch)).set(1)
+                continue
+            prepared = await self.install(Path(deployment.path), deployment.digest, epoch)
+            report = validation_report(name, deployment.digest, outcome=prepared.outcome, stats=prepared.stats, error=prepared.error)
+            try:
+                await agent.report(report)
+            except WeightshipError as exc:
+                log_event(_log, logging.WARNING, "serve.report_failed", digest=deployment.digest, error=exc.message)
+
+    async def close(self) -> None:
+        """Stop workers and free the loader's pinned memory."""
+        for task in list(self._retiring):
+            task.cancel()
+        self._infer.shutdown(wait=True)
+        self._load.shutdown(wait=True)
+        self.loader.close()
+
+
+def _parse_generate(raw: bytes) -> tuple[list[list[int]], int]:
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise _BadRequest(f"body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadRequest("body must be a JSON object")
+    ids = body.get("input_ids")
+    if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        ids = [ids]
+    if (
+        not isinstance(ids, list) or not ids or len(ids) > MAX_BATCH
+        or not all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in ids)
+        or len({len(p) for p in ids}) != 1
+    ):
+        raise _BadRequest(f"input_ids must be 1 to {MAX_BATCH} non-empty lists of token ids, all of the same length")
+    new_tokens = body.get("max_new_tokens", 1)
+    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or not 0 <= new_tokens <= MAX_NEW_TOKENS:
+        raise _BadRequest(f"max_new_tokens must be an integer from 0 to {MAX_NEW_TOKENS}")
+    return ids, new_tokens
+
+
+def _check_vocab(served: ServedModel, prompts: list[list[int]], new_tokens: int) -> None:
+    assert served.model is not None
+    config = served.model.config
+    if any(not 0 <= t < config.vocab_size for p in prompts for t in p):
+        raise _BadRequest(f"token ids must be in [0, {config.vocab_size})")
+    if len(prompts[0]) + new_tokens > config.max_position_embeddings:
+        raise _BadRequest(f"prompt plus new tokens exceed {config.max_position_embeddings} positions")
+
+
+async def _run(config: ServeConfig) -> int:
+    server = Server(config)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else config.port
+    log_event(_log, logging.INFO, "serve.listening", host=config.host, port=port, deployment=config.deployment)
+    if config.port_file is not None:
+        config.port_file.write_text(str(port), encoding="utf-8")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    agent: LocalAgent | None = None
+    follower: asyncio.Task[None] | None = None
+    try:
+        if config.version_dir is not None:
+            prepared = await server.install(config.version_dir, None, 0)
+            if not prepared.passed:
+                checks = prepared.outcome.failures() if prepared.outcome is not None else []
+                failed = prepared.error or "; ".join(f"{c.name}: {c.detail}" for c in checks)
+                print(f"weightship-serve: {config.version_dir} failed to load or validate: {failed}", file=sys.stderr)
+                return 1
+        else:
+            assert config.agent is not None
+            agent = LocalAgent(config.agent)
+            follower = asyncio.create_task(server.follow(agent))
+        await stop.wait()
+    finally:
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        if agent is not None:
+            await agent.aclose()
+        await runner.cleanup()
+        await server.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``weightship-serve``."""
+    parser = argparse.ArgumentParser(prog="weightship-serve", description="Reference model server for weightship versions.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--agent", help="agent local API: http://127.0.0.1:PORT or unix:/path/agent.sock")
+    source.add_argument("--version-dir", type=Path, help="serve this version directory, without an agent")
+    parser.add_argument("--deployment", default="default", help="deployment name to ask the agent about")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="auto", help="cast weights (auto: as stored)")
+    parser.add_argument("--verify", choices=("full", "fast", "trust"), default="fast")
+    parser.add_argument("--workers", type=int, default=2, help="inference threads")
+    parser.add_argument("--poll-seconds", type=float, default=30.0, help="long-poll timeout towards the agent")
+    parser.add_argument("--checksum-dir", type=Path, help="where verify=fast keeps its CRC32 records")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per long-poll is noise
+    config = ServeConfig(
+        deployment=args.deployment, agent=args.agent, version_dir=args.version_dir, host=args.host, port=args.port,
+        port_file=args.port_file, device=args.device, dtype=_DTYPES[args.dtype], verify=args.verify, workers=args.workers,
+        poll_seconds=args.poll_seconds, checksum_dir=args.checksum_dir,
+    )
+    return asyncio.run(_run(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

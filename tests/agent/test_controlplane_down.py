@@ -1,0 +1,56 @@
+"""Control plane down: agents keep serving from disk, back off, and reconnect when it returns."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from agent_processes import Spawn, eventually
+from fleet_fakes import FakeControlPlane
+
+from weightship.manifest import Manifest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+def retry_delays(log: str, call: str) -> list[float]:
+    """The ``retry_in`` of each ``controlplane.unreachable`` line for ``call``."""
+    return [float(m) for m in re.findall(rf"controlplane\.unreachable call={call} .*?retry_in=([0-9.]+)", log)]
+
+
+async def test_agent_keeps_serving_and_reconnects_with_backoff_when_the_control_plane_is_down(
+    spawn: Spawn, fake_cp: FakeControlPlane, versions: dict[str, Manifest]
+) -> None:
+    v1, v2 = versions["v1"], versions["v2"]
+    await fake_cp.set_pointer("chat", "m", v1.digest)
+    agent = spawn("node-d")
+    await agent.ready()
+    await agent.serving(v1.digest)
+
+    await fake_cp.stop()
+    delays = await eventually(
+        lambda: (d := retry_delays(agent.log(), "desired")) and len(d) >= 5 and d, 30, "five reconnect attempts"
+    )
+    # Exponential with ±20% jitter from 0.05 s, capped at 1 s (the test's --backoff-max).
+    assert delays[3] > delays[0] * 3, f"backoff does not grow: {delays}"
+    assert max(retry_delays(agent.log(), "desired")) <= 1.0
+    view = await agent.deployment()
+    assert view is not None
+    assert (view.digest, view.ready) == (v1.digest, True), "the node must keep serving v1"
+
+    # A restart while the control plane is still down serves v1 from disk straight away.
+    agent.stop()
+    agent.start()
+    await agent.ready()
+    view = await agent.deployment()
+    assert view is not None
+    assert view.digest == v1.digest
+    assert view.ready
+    assert view.epoch == 1
+
+    await fake_cp.start()
+    await fake_cp.set_pointer("chat", "m", v2.digest)
+    await agent.serving(v2.digest, within=30)
+    assert "controlplane.reconnected" in agent.log() or "controlplane.registered" in agent.log()
+    node = fake_cp.node("node-d")
+    await eventually(lambda: node is not None and node.heartbeats > 0, 10, "heartbeats after the outage")

@@ -1,0 +1,97 @@
+"""An origin serving corrupted bytes through a fault-injecting proxy: chunks rejected, retried, never ready."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from agent_processes import Spawn, eventually
+from fleet_fakes import FakeControlPlane, FaultProxy, Origin
+
+from weightship.digests import hex_of
+from weightship.manifest import Manifest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+async def proxy(origin: Origin, fake_cp: FakeControlPlane) -> AsyncIterator[FaultProxy]:
+    """A fault proxy in front of ``origin``; the control plane's blob URLs point at it."""
+    server = FaultProxy(origin.url)
+    await server.start()
+    fake_cp.blob_base = server.url
+    yield server
+    await server.stop()
+
+
+async def test_corrupted_chunks_are_rejected_and_fetched_again(
+    spawn: Spawn, fake_cp: FakeControlPlane, proxy: FaultProxy, versions: dict[str, Manifest]
+) -> None:
+    v1 = versions["v1"]
+    weights = next(f for f in v1.files if f.path.endswith(".safetensors"))
+    bad_offsets = {0, 3 * v1.chunk_size, 7 * v1.chunk_size}
+    seen: set[int] = set()
+
+    def corrupt_first_time(blob: str, start: int) -> bool:
+        # Each chosen chunk is damaged on its first trip only; the retry gets good bytes.
+        if blob == weights.sha256 and start in bad_offsets and start not in seen:
+            seen.add(start)
+            return True
+        return False
+
+    proxy.corrupt = corrupt_first_time
+    await fake_cp.set_pointer("chat", "m", v1.digest)
+    agent = spawn("node-c")
+    await agent.ready()
+    await agent.serving(v1.digest)
+    status = await agent.status()
+    assert len(proxy.corrupted) == 3
+    assert status.counters.chunks_rejected == 3
+    assert agent.log().count("fetch.chunk_retry") == 3
+    ready_file = agent.data_dir / "versions" / hex_of(v1.digest) / weights.path
+    assert ready_file.read_bytes() == (fake_cp.origin.blobs / weights.sha256).read_bytes()
+
+
+async def test_a_chunk_corrupted_every_time_fails_the_fetch_and_the_old_version_keeps_serving(
+    spawn: Spawn, fake_cp: FakeControlPlane, proxy: FaultProxy, versions: dict[str, Manifest]
+) -> None:
+    v1, v2 = versions["v1"], versions["v2"]
+    weights = next(f for f in v2.files if f.path.endswith(".safetensors"))
+    bad = 2 * v2.chunk_size
+    await fake_cp.set_pointer("chat", "m", v1.digest)
+    agent = spawn("node-p", extra=["--chunk-attempts", "3"])
+    await agent.ready()
+    await agent.serving(v1.digest)
+
+    proxy.corrupt = lambda blob, start: blob == weights.sha256 and start == bad
+    await fake_cp.set_pointer("chat", "m", v2.digest)
+
+    async def failed() -> str | None:
+        node = fake_cp.node("node-p")
+        hb = node.heartbeat if node else None
+        items = [i for i in (hb.inventory if hb else []) if i.digest == v2.digest and i.state.value == "failed"]
+        return items[0].error if items else None
+
+    error = await eventually(failed, 30, "the control plane to hear that v2 failed")
+    assert "failed 3 times" in error
+    assert "hash to" in error
+    view = await agent.deployment()
+    assert view is not None
+    assert (view.digest, view.ready) == (v1.digest, True), "the node must keep serving v1"
+    assert not (agent.data_dir / "versions" / hex_of(v2.digest)).exists()
+    # The bad bytes never reached the staged file: the chunk's range was never written.
+    staged = agent.data_dir / "staging" / hex_of(v2.digest) / weights.path
+    length = min(v2.chunk_size, weights.size - bad)
+    assert staged.read_bytes()[bad : bad + length] == bytes(length)
+    node = fake_cp.node("node-p")
+    assert node is not None
+    assert node.heartbeat is not None
+    assert any("failed 3 times" in e for e in node.heartbeat.health.errors)
+    assert node.heartbeat.counters.chunks_rejected >= 3
+
+    # The origin heals: the next retry (backoff) completes v2 from the chunks already verified.
+    proxy.corrupt = lambda _blob, _start: False
+    served_before = len(fake_cp.origin.served)
+    await agent.serving(v2.digest, within=30)
+    refetched = [(s.blob, s.start) for s in fake_cp.origin.served[served_before:]]
+    assert refetched == [(weights.sha256, bad)], "only the chunk that failed is fetched again"

@@ -1,0 +1,144 @@
+"""The fetcher against real HTTP origins: expired URLs refreshed, bad origins rejected, local copies preferred."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from fleet_fakes import Origin
+from local_versions import install
+
+from agent.counters import Counters
+from agent.fetcher import Fetcher
+from agent.rangeclient import RangeClient
+from agent.staging import Staging
+from agent.store import VersionStore
+from weightship.errors import IntegrityError, StoreError
+from weightship.schemas import BlobURL
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class URLs:
+    """Blob URLs on a base; the first ``expired`` requests hand out URLs already past their expiry."""
+
+    def __init__(self, base: str, expired: int = 0) -> None:
+        self.base = base
+        self.expired = expired
+        self.requests = 0
+
+    async def blob_urls(self, blobs: Sequence[str]) -> dict[str, BlobURL]:
+        self.requests += 1
+        # The origin sees an old timestamp; the agent's view of expiry is still in the future, so
+        # only the origin's 403 tells it to refresh.
+        stamp = 1 if self.requests <= self.expired else 4_000_000_000
+        later = datetime.now(UTC) + timedelta(hours=1)
+        return {b: BlobURL(url=f"{self.base}/blobs/{b}?expires={stamp}", expires_at=later) for b in blobs}
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[RangeClient]:
+    client = RangeClient()
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(2)
+
+
+def fetcher(session: RangeClient, urls: URLs, counters: Counters, executor: ThreadPoolExecutor) -> Fetcher:
+    return Fetcher(session, urls, counters, executor, concurrency=4, attempts=3, backoff_initial=0.01, backoff_max=0.05)
+
+
+async def test_an_expired_url_is_refreshed_and_the_fetch_completes(
+    tmp_path: Path,
+    origin: Origin,
+    make_model: Callable[..., Path],
+    session: RangeClient,
+    executor: ThreadPoolExecutor,
+) -> None:
+    manifest = origin.publish(make_model("a"), "m")
+    staging = Staging(tmp_path, manifest)
+    staging.open()
+    urls = URLs(origin.url, expired=1)
+    counters = Counters()
+    await fetcher(session, urls, counters, executor).fetch(staging, {})
+    assert staging.jobs() == []
+    assert urls.requests >= 2
+    assert counters.bytes_downloaded == manifest.total_size
+
+
+async def test_chunks_held_locally_are_copied_not_downloaded(
+    tmp_path: Path,
+    origin: Origin,
+    make_model: Callable[..., Path],
+    session: RangeClient,
+    executor: ThreadPoolExecutor,
+) -> None:
+    source = make_model("a")
+    manifest = origin.publish(source, "m")
+    store = VersionStore(tmp_path / "data")
+    install(store, source, "other-model")  # same files, another version (different model name)
+    staging = Staging(store.staging_dir, manifest)
+    staging.open()
+    counters = Counters()
+    await fetcher(session, URLs(origin.url), counters, executor).fetch(staging, store.local_chunks())
+    assert staging.jobs() == []
+    assert origin.served == []
+    assert counters.bytes_downloaded == 0
+    assert counters.bytes_copied_locally == manifest.total_size
+
+
+async def _bad_origin(handler: Callable[[web.Request], web.Response]) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_get("/blobs/{sha}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "error"),
+    [
+        ("ignores-range", StoreError),  # answers 200 with the whole multi-chunk blob
+        ("sends-too-much", IntegrityError),  # 206 with more bytes than asked for
+    ],
+)
+async def test_a_misbehaving_origin_fails_the_fetch_with_a_clear_error(
+    tmp_path: Path,
+    origin: Origin,
+    make_model: Callable[..., Path],
+    session: RangeClient,
+    executor: ThreadPoolExecutor,
+    behaviour: str,
+    error: type[Exception],
+) -> None:
+    manifest = origin.publish(make_model("a", tensors_mb=0.5), "m")
+
+    async def handler(request: web.Request) -> web.Response:
+        data = (origin.blobs / request.match_info["sha"]).read_bytes()
+        if behaviour == "ignores-range":
+            return web.Response(body=data)
+        first, last = request.headers["Range"].removeprefix("bytes=").split("-")
+        body = data[int(first) : int(last) + 1] + b"extra"
+        return web.Response(status=206, body=body, headers={"Content-Range": f"bytes {first}-{last}/{len(data)}"})
+
+    runner, url = await _bad_origin(handler)
+    try:
+        staging = Staging(tmp_path, manifest)
+        staging.open()
+        with pytest.raises(error, match="failed 3 times"):
+            await fetcher(session, URLs(url), Counters(), executor).fetch(staging, {})
+        # Only a one-chunk file (config.json, whose whole blob is the chunk) may have been accepted.
+        assert all(manifest.files[f].size <= manifest.chunk_size for f, _c in staging.done)
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,83 @@
+"""Load plans: every needed byte lands exactly once, aligned, and readiness is tracked per item."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from staged_versions import manifest_of
+
+from gpu_loader.model import column_parallel
+from gpu_loader.plan import ARENA_ALIGN, LoadPlan, make_plan
+from gpu_loader.sharding import ShardSpec, tensor_range
+
+
+def plan_for(version, *, chunked: bool, block_size: int, shard: ShardSpec | None) -> LoadPlan:
+    manifest = manifest_of(version)
+    files = [(f, list(f.safetensors.tensors)) for f in manifest.files if f.safetensors is not None]
+    return make_plan(files, shard=shard, chunk_size=manifest.chunk_size, chunked=chunked, block_size=block_size)
+
+
+CASES = [
+    pytest.param(chunked, block, shard, id=f"{'chunked' if chunked else 'ranges'}-{block // 1024}k-{'tp' if shard else 'whole'}")
+    for chunked in (True, False)
+    for block in (16 * 1024, 100 * 1024, 16 * 1024 * 1024)
+    for shard in (None, ShardSpec(1, 2, column_parallel))
+]
+
+
+@pytest.mark.parametrize(("chunked", "block", "shard"), CASES)
+def test_pieces_tile_blocks_and_blocks_tile_items(versions, chunked, block, shard) -> None:
+    plan = plan_for(versions.sharded, chunked=chunked, block_size=block, shard=shard)
+    for item in plan.items:
+        assert item.blocks[0].start == item.start
+        assert item.blocks[-1].end == item.end
+        for before, after in zip(item.blocks, item.blocks[1:], strict=False):
+            assert before.end == after.start
+        for b in item.blocks:
+            assert b.length <= block
+            assert b.pieces[0].start == b.start
+            assert sum(p.length for p in b.pieces) == b.length
+            for before, after in zip(b.pieces, b.pieces[1:], strict=False):
+                assert before.start + before.length == after.start
+
+
+@pytest.mark.parametrize(("chunked", "block", "shard"), CASES)
+def test_every_needed_byte_lands_once_in_its_slot(versions, chunked, block, shard) -> None:
+    plan = plan_for(versions.sharded, chunked=chunked, block_size=block, shard=shard)
+    landed: dict[int, list[tuple[int, int]]] = {}
+    for item in plan.items:
+        for b in item.blocks:
+            for p in b.pieces:
+                if p.arena_offset is not None:
+                    landed.setdefault(item.file, []).append((p.arena_offset, p.arena_offset + p.length))
+    for index, slot in enumerate(plan.slots):
+        if not slot.nbytes:
+            continue
+        assert slot.arena_offset % ARENA_ALIGN == slot.start % ARENA_ALIGN
+        covered = sorted((max(a, slot.arena_offset), min(b, slot.arena_offset + slot.nbytes))
+                         for a, b in landed[slot.file] if a < slot.arena_offset + slot.nbytes and b > slot.arena_offset)
+        assert covered[0][0] == slot.arena_offset
+        assert covered[-1][1] == slot.arena_offset + slot.nbytes
+        assert all(x[1] == y[0] for x, y in itertools.pairwise(covered))
+        touching = [i for i, item in enumerate(plan.items) if item.file == slot.file and item.start < slot.start + slot.nbytes and item.end > slot.start]
+        assert touching == [i for i, item in enumerate(plan.items) if index in item.slots]
+
+
+def test_trusted_plan_reads_only_the_rank_rows(versions) -> None:
+    shard = ShardSpec(0, 2, column_parallel)
+    plan = plan_for(versions.sharded, chunked=False, block_size=1 << 20, shard=shard)
+    manifest = manifest_of(versions.sharded)
+    expected = sum(
+        (r := tensor_range(t, shard, f.path)).end - r.begin for f in manifest.files if f.safetensors for t in f.safetensors.tensors
+    )
+    assert plan.bytes_read == plan.tensor_bytes == expected
+
+
+def test_chunked_plan_reads_whole_chunks(versions) -> None:
+    manifest = manifest_of(versions.sharded)
+    plan = plan_for(versions.sharded, chunked=True, block_size=1 << 20, shard=None)
+    for item in plan.items:
+        entry = plan.files[item.file].entry
+        assert item.chunk is not None
+        assert (item.start, item.end) == entry.chunk_range(item.chunk, manifest.chunk_size)

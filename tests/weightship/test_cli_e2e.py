@@ -1,0 +1,331 @@
+"""The ``weightship`` CLI end to end, against the real control plane served over HTTP.
+
+Each test starts ``controlplane.app.create_app`` under uvicorn on a loopback port (SQLite and
+either the local-directory store or S3 on the moto server), then drives it with the CLI exactly
+as a person or a script would: tokens from the environment, ``--json`` for what the test reads.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from typer.testing import CliRunner, Result
+
+from weightship.backoff import Backoff
+from weightship.cli import app
+from weightship.client import Client
+from weightship.errors import TemporaryError
+from weightship.schemas import (
+    DeploymentState,
+    NodeCounters,
+    NodeHeartbeat,
+    NodeLabels,
+    NodeRegistration,
+    VersionInventory,
+    VersionState,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+ADMIN = "ws_admin_e2e_bootstrap_token"
+CHUNK = "64KiB"
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane and a way to run the CLI against it."""
+
+    url: str
+    store: str
+
+    def cli(self, *args: str, token: str = ADMIN) -> Result:
+        env = {"WEIGHTSHIP_URL": self.url, "WEIGHTSHIP_TOKEN": token, "COLUMNS": "200"}
+        return CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+
+    def json(self, *args: str, token: str = ADMIN) -> Any:
+        result = self.cli("--json", *args, token=token)
+        assert result.exit_code == 0, f"weightship {' '.join(args)} failed: {result.stderr}"
+        return json.loads(result.stdout)
+
+    def token(self, name: str, role: str) -> str:
+        secret = self.json("token", "create", name, "--role", role)["token"]
+        assert isinstance(secret, str)
+        return secret
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _serve(settings: Any, port: int) -> Iterator[str]:
+    from controlplane.app import create_app
+
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", ws="none")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the control plane did not start within 30 s (see the log above)")
+        time.sleep(0.02)  # ok-sleep: polling interval of a deadline loop
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@pytest.fixture(params=["local", "s3"])
+def controlplane(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ControlPlane]:
+    """The real control plane on SQLite, with a local-directory or an S3 (moto) origin store."""
+    from controlplane.settings import Settings
+
+    endpoint = ""
+    if request.param == "s3":
+        endpoint = request.getfixturevalue("s3_server")
+        store = f"s3://{request.getfixturevalue('s3_bucket')}?min_part_size=65536"
+    else:
+        store = f"local:{tmp_path / 'origin'}"
+    port = _free_port()
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'cp.db'}",
+        store_url=store,
+        s3_endpoint_url=endpoint,
+        admin_token=ADMIN,
+        public_url=f"http://127.0.0.1:{port}",
+    )
+    for url in _serve(settings, port):
+        yield ControlPlane(url=url, store=request.param)
+
+
+@pytest.fixture
+def models(make_model: Any) -> dict[str, Path]:
+    """v1, v2 (v1 with a changed tokenizer: every weight file shared) and an unrelated model."""
+    return {
+        "v1": make_model("v1", tensors_mb=0.5, seed=1, shards=2, extra_files={"tokenizer.json": b'{"v": 1}'}),
+        "v2": make_model("v2", tensors_mb=0.5, seed=1, shards=2, extra_files={"tokenizer.json": b'{"v": 2, "x": 0}'}),
+        "other": make_model("other", tensors_mb=0.3, seed=9),
+    }
+
+
+def _publish(cp: ControlPlane, path: Path, label: str, token: str, model: str = "llama") -> Any:
+    return cp.json("publish", str(path), "--model", model, "--label", label, "--chunk-size", CHUNK, token=token)
+
+
+def test_publish_deploy_roll_back_and_read_the_history(controlplane: ControlPlane, models: dict[str, Path]) -> None:
+    cp = controlplane
+    publisher = cp.token("ci", "publisher")
+    operator = cp.token("oncall", "operator")
+
+    v1 = _publish(cp, models["v1"], "v1", publisher)
+    assert v1["bytes_uploaded"] == v1["bytes_total"] > 0
+    assert v1["bytes_deduplicated"] == 0
+    v2 = _publish(cp, models["v2"], "v2", publisher)
+    assert v2["bytes_uploaded"] == len(b'{"v": 2, "x": 0}')  # only the tokenizer changed
+    assert v2["bytes_deduplicated"] == v2["bytes_total"] - v2["bytes_uploaded"]
+    again = _publish(cp, models["v1"], "v1", publisher)
+    assert (again["digest"], again["bytes_uploaded"]) == (v1["digest"], 0)
+
+    _publish(cp, models["other"], "v1", publisher, model="mistral")
+    assert {m["name"]: m["versions"] for m in cp.json("models", token=operator)} == {"llama": 2, "mistral": 1}
+
+    listed = cp.json("versions", "llama", token=operator)
+    assert {v["digest"] for v in listed} == {v1["digest"], v2["digest"]}
+    shown = cp.json("show", "llama@v2", token=operator)
+    assert shown["version"]["digest"] == v2["digest"]
+    assert "tokenizer.json" in {f["path"] for f in shown["manifest"]["files"]}
+    assert cp.json("show", f"llama@{v1['digest']}")["version"]["labels"] == ["v1"]
+
+    assert cp.json("deploy", "create", "chat", "--model", "llama", token=operator)["epoch"] == 0
+    cp.json("deploy", "set", "chat", "--stable", "v1", "--reason", "first", token=operator)
+    moved = cp.json("deploy", "set", "chat", "--stable", "v2", token=operator)
+    assert (moved["stable"], moved["previous_stable"], moved["epoch"]) == (v2["digest"], v1["digest"], 2)
+
+    rolled = cp.json("rollback", "chat", "--reason", "p99 regression", token=operator)
+    assert rolled["deployment"]["stable"] == v1["digest"]
+    assert rolled["deployment"]["epoch"] == 3
+
+    events = cp.json("history", "chat", token=operator)
+    assert [(e["epoch"], e["action"]) for e in events] == [(3, "rollback"), (2, "set"), (1, "set")]
+    assert events[0]["reason"] == "p99 regression"
+    assert events[0]["actor"] == "oncall"
+
+    human = cp.cli("history", "chat", token=operator)
+    assert human.exit_code == 0
+    assert "rollback" in human.stdout
+    assert "p99 regression" in human.stdout
+
+
+def test_publish_shows_progress_and_a_summary_to_people(controlplane: ControlPlane, models: dict[str, Path]) -> None:
+    result = controlplane.cli("publish", str(models["v1"]), "-m", "llama", "-l", "v1", "--chunk-size", CHUNK)
+    assert result.exit_code == 0, result.stderr
+    assert "published llama@v1" in result.stdout
+    assert "deduplicated" in result.stdout
+    assert "hashing" in result.stderr
+    assert "uploading" in result.stderr
+
+
+class _DropsPartsAfter(httpx.BaseTransport):
+    """A real HTTP transport whose connection drops on every part upload after the first ``n``."""
+
+    def __init__(self, n: int) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.left = n
+        self.sent: list[int] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            if self.left == 0:
+                raise httpx.ConnectError("connection reset by peer", request=request)
+            self.left -= 1
+            self.sent.append(len(request.content))
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_an_interrupted_publish_resumes_where_it_stopped(controlplane: ControlPlane, models: dict[str, Path]) -> None:
+    cp = controlplane
+    flaky = _DropsPartsAfter(3)
+    with (
+        Client(cp.url, ADMIN, transport=flaky) as client,
+        pytest.raises(TemporaryError, match="run the same publish command again"),
+    ):
+        client.publish_directory(
+            models["v1"], "llama", ["v1"], chunk_size=65536, concurrency=1, backoff=Backoff(attempts=1)
+        )
+    assert cp.json("models") == []  # nothing became a version
+
+    resumed = _publish(cp, models["v1"], "v1", ADMIN)
+    assert len(flaky.sent) == 3
+    assert resumed["bytes_resumed"] == sum(flaky.sent)  # the three parts that got through were kept
+    assert resumed["bytes_uploaded"] == resumed["bytes_total"] - resumed["bytes_resumed"]
+    assert cp.json("show", "llama@v1")["version"]["digest"] == resumed["digest"]
+
+
+def test_a_label_is_never_moved_to_other_content(controlplane: ControlPlane, models: dict[str, Path]) -> None:
+    publisher = controlplane.token("ci", "publisher")
+    _publish(controlplane, models["v1"], "v1", publisher)
+    result = controlplane.cli(
+        "publish", str(models["v2"]), "-m", "llama", "-l", "v1", "--chunk-size", CHUNK, token=publisher
+    )
+    assert result.exit_code == 3, result.stderr
+    assert "v1" in result.stderr
+    assert [v["labels"] for v in controlplane.json("versions", "llama")] == [["v1"]]
+
+
+def test_a_stale_expected_epoch_is_refused_and_explained(controlplane: ControlPlane, models: dict[str, Path]) -> None:
+    cp = controlplane
+    _publish(cp, models["v1"], "v1", ADMIN)
+    _publish(cp, models["v2"], "v2", ADMIN)
+    cp.json("deploy", "create", "chat", "--model", "llama")
+    cp.json("deploy", "set", "chat", "--stable", "v1", "--expect-epoch", "0")
+    stale = cp.cli("deploy", "set", "chat", "--stable", "v2", "--expect-epoch", "0")
+    assert stale.exit_code == 3
+    assert "no longer at epoch 0" in stale.stderr
+    assert "weightship status chat" in stale.stderr
+    assert cp.json("status", "chat")["deployment"]["epoch"] == 1
+
+
+def test_rollback_without_a_previous_version_says_what_to_do(
+    controlplane: ControlPlane, models: dict[str, Path]
+) -> None:
+    cp = controlplane
+    _publish(cp, models["v1"], "v1", ADMIN)
+    cp.json("deploy", "create", "chat", "--model", "llama")
+    cp.json("deploy", "set", "chat", "--stable", "v1")
+    result = cp.cli("rollback", "chat")
+    assert result.exit_code == 3
+    assert "no previous stable version" in result.stderr
+
+
+def test_roles_are_enforced_with_a_clear_message(controlplane: ControlPlane, models: dict[str, Path]) -> None:
+    cp = controlplane
+    agent = cp.token("node-1", "agent")
+    denied = cp.cli("publish", str(models["v1"]), "-m", "llama", "--chunk-size", CHUNK, token=agent)
+    assert denied.exit_code == 4
+    assert "role 'agent'" in denied.stderr
+    unknown = cp.cli("models", token="ws_not_a_token")
+    assert unknown.exit_code == 4
+    assert "not valid" in unknown.stderr
+
+
+def test_tokens_are_minted_listed_and_revoked(controlplane: ControlPlane) -> None:
+    cp = controlplane
+    created = cp.json("token", "create", "ci", "--role", "publisher")
+    assert created["token"].startswith("ws_")
+    assert "ci" in {t["name"] for t in cp.json("token", "list")}
+    assert cp.json("models", token=created["token"]) == []
+    assert cp.json("token", "revoke", created["id"]) == {"revoked": created["id"]}
+    assert cp.cli("models", token=created["token"]).exit_code == 4
+    assert "ci" not in {t["name"] for t in cp.json("token", "list")}
+
+
+def test_nodes_and_status_show_what_the_fleet_reports(controlplane: ControlPlane, models: dict[str, Path]) -> None:
+    cp = controlplane
+    v1 = _publish(cp, models["v1"], "v1", ADMIN)
+    cp.json("deploy", "create", "chat", "--model", "llama")
+    cp.json("deploy", "set", "chat", "--stable", "v1")
+    with Client(cp.url, cp.token("gpu-a1", "agent")) as agent:
+        node = agent.register_node(
+            NodeRegistration(name="gpu-a1", labels=NodeLabels(region="eu", gpu_type="h100"), deployments=["chat"])
+        )
+        size = v1["bytes_total"]
+        agent.heartbeat(
+            node.id,
+            NodeHeartbeat(
+                inventory=[
+                    VersionInventory(
+                        digest=v1["digest"], state=VersionState.ready, bytes_total=size, bytes_present=size
+                    )
+                ],
+                deployments=[DeploymentState(name="chat", digest=v1["digest"], epoch=1)],
+                counters=NodeCounters(bytes_downloaded=size),
+            ),
+        )
+        desired = agent.desired_state(node.id)
+    assert desired.deployments[0].digest == v1["digest"]
+
+    (listed,) = cp.json("nodes")
+    assert (listed["name"], listed["labels"]["gpu_type"], listed["stale"]) == ("gpu-a1", "h100", False)
+    status = cp.json("status", "chat")
+    stable = next(v for v in status["versions"] if v["role"] == "stable")
+    assert (stable["nodes_desired"], stable["nodes_ready"], stable["nodes_serving"]) == (1, 1, 1)
+    assert status["lagging_nodes"] == []
+
+    people = cp.cli("nodes")
+    assert people.exit_code == 0
+    assert "gpu-a1" in people.stdout
+    assert "eu/" in people.stdout
+    shown = cp.cli("status", "chat")
+    assert shown.exit_code == 0
+    assert "every node serves what it should" in shown.stdout
+
+
+@pytest.mark.parametrize("controlplane", ["local"], indirect=True)
+def test_the_installed_console_script_talks_to_the_control_plane(controlplane: ControlPlane) -> None:
+    script = Path(sys.executable).parent / "weightship"
+    env = {"WEIGHTSHIP_URL": controlplane.url, "WEIGHTSHIP_TOKEN": ADMIN, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([str(script), "--json", "models"], env=env, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout) == []
+    missing = subprocess.run([str(script), "history", "nope"], env=env, capture_output=True, timeout=60, check=False)
+    assert missing.returncode == 1
+    assert missing.stderr.decode().startswith("error: ")
+    assert b"Traceback" not in missing.stderr

@@ -1,0 +1,480 @@
+"""The ``weightship`` command line: publish versions, point deployments, watch the fleet.
+
+Global options come before the command (``weightship --json versions llama``) and fall back
+to the environment: ``--url`` / ``WEIGHTSHIP_URL``, ``--token`` / ``WEIGHTSHIP_TOKEN``. People
+get tables and progress bars on the terminal; ``--json`` prints one JSON document on stdout
+for scripts (errors then go to stderr as an ``ErrorBody``).
+
+Every error a user can meet ends the command with one red line on stderr saying what happened
+and what to do, and an exit status by kind (see ``EXIT_CODES``); never a traceback.
+
+Test seam: pass ``obj=CliSeams(transport=...)`` to ``CliRunner.invoke`` to route every request
+through an ``httpx`` transport of the test's choosing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+
+import httpx
+import typer
+from pydantic import BaseModel
+from rich.console import Console, Group, RenderableType
+from rich.progress import Progress
+from rich.text import Text
+
+from weightship import display
+from weightship.chunks import DEFAULT_CHUNK_SIZE
+from weightship.client import DEFAULT_URL, Backoff, Client
+from weightship.digests import format_digest, sha256_hex
+from weightship.errors import (
+    AuthError,
+    ConflictError,
+    ForbiddenError,
+    IntegrityError,
+    PreconditionFailed,
+    TemporaryError,
+    ValidationError,
+    WeightshipError,
+)
+from weightship.manifest import parse_manifest
+from weightship.schemas import Role
+
+__all__ = ["EXIT_CODES", "CliSeams", "app", "main"]
+
+#: Exit status by error kind; 2 is click's own usage error.
+EXIT_CODES: dict[type[WeightshipError], int] = {
+    PreconditionFailed: 3,
+    ConflictError: 3,
+    AuthError: 4,
+    ForbiddenError: 4,
+    TemporaryError: 5,
+}
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@dataclass
+class CliSeams:
+    """What tests may inject into a CLI run: the HTTP transport, and the backoff's sleep."""
+
+    transport: httpx.BaseTransport | None = None
+    sleep: Callable[[float], None] = time.sleep
+
+
+@dataclass
+class _Run:
+    """The global options of one invocation."""
+
+    url: str
+    token: str | None
+    json: bool
+    seams: CliSeams
+
+    def client(self) -> Client:
+        # A person waits at the terminal: give up on an unreachable server after ~1 s, not ~5.
+        backoff = Backoff(attempts=3, base=0.2, cap=1.0, sleep=self.seams.sleep)
+        return Client(self.url, self.token, transport=self.seams.transport, backoff=backoff)
+
+
+app = typer.Typer(
+    name="weightship",
+    help="Publish model versions, point deployments at them, roll back, and watch the fleet.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+deploy_app = typer.Typer(help="Create deployments and move their serving pointer.", no_args_is_help=True)
+token_app = typer.Typer(help="Mint, list and revoke API tokens (admin).", no_args_is_help=True)
+app.add_typer(deploy_app, name="deploy")
+app.add_typer(token_app, name="token")
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Option("--url", envvar="WEIGHTSHIP_URL", help="Control plane base URL.")] = DEFAULT_URL,
+    token: Annotated[
+        str | None, typer.Option("--token", envvar="WEIGHTSHIP_TOKEN", help="Bearer token.", show_default=False)
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")] = False,
+) -> None:
+    seams = ctx.obj if isinstance(ctx.obj, CliSeams) else CliSeams()
+    ctx.obj = _Run(url=url, token=token, json=json_output, seams=seams)
+
+
+def _run(ctx: typer.Context) -> _Run:
+    run = ctx.find_root().obj
+    assert isinstance(run, _Run)
+    return run
+
+
+def _fail(run: _Run | None, error: WeightshipError) -> NoReturn:
+    code = next((c for cls, c in EXIT_CODES.items() if isinstance(error, cls)), 1)
+    if run is not None and run.json:
+        body = {"error": {"code": error.code, "message": error.message}}
+        sys.stderr.write(json.dumps(body) + "\n")
+    else:
+        line = Text.assemble(("error:", "bold red"), " ", error.message)  # messages are never markup
+        Console(stderr=True, soft_wrap=True, highlight=False).print(line)
+    raise typer.Exit(code)
+
+
+def _command(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Turn ``WeightshipError`` into one red line and an exit status."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        # typer hands commands the current click context, which is not always a ``typer.Context``.
+        ctx = kwargs.get("ctx")
+        run = ctx.find_root().obj if hasattr(ctx, "find_root") else None
+        try:
+            return fn(*args, **kwargs)
+        except WeightshipError as exc:
+            _fail(run if isinstance(run, _Run) else None, exc)
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            message = f"cannot read{where}: {exc.strerror or exc}; check the path exists and is readable"
+            _fail(run if isinstance(run, _Run) else None, WeightshipError(message))
+
+    return wrapper
+
+
+def _out(run: _Run, data: Any, human: Callable[[], RenderableType | None]) -> None:
+    """JSON for scripts, or the renderable ``human()`` builds for people."""
+    if run.json:
+        sys.stdout.write(json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
+        return
+    renderable = human()
+    if renderable is not None:
+        Console(highlight=False).print(renderable)
+
+
+def _jsonable(data: Any) -> Any:
+    if isinstance(data, BaseModel):
+        return data.model_dump(mode="json")
+    if isinstance(data, list | tuple):
+        return [_jsonable(x) for x in data]
+    if isinstance(data, dict):
+        return {k: _jsonable(v) for k, v in data.items()}
+    return data
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def _parse_size(text: str) -> int:
+    """``64MiB``, ``64M``, ``1g``, ``65536`` -> bytes (binary units: sizes here are powers of two)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a size; write it like 65536, 64KiB, 64MiB or 1GiB")
+    number, unit = int(match.group(1)), match.group(2).lower()
+    return number * (1 << (10 * " kmgt".index(unit or " ")))
+
+
+def _split_ref(text: str) -> tuple[str, str]:
+    model, sep, ref = text.partition("@")
+    if not sep or not model or not ref:
+        raise ValidationError(f"{text!r} names no version: write MODEL@LABEL or MODEL@sha256:<64 hex>")
+    return model, ref
+
+
+# --- publishing and the registry -----------------------------------------------------------------
+
+
+@app.command()
+@_command
+def publish(
+    ctx: typer.Context,
+    directory: Annotated[Path, typer.Argument(help="Model directory to publish.", show_default=False)],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name.", show_default=False)],
+    label: Annotated[
+        list[str] | None, typer.Option("--label", "-l", help="Label for the version (repeatable).")
+    ] = None,
+    chunk_size: Annotated[
+        str, typer.Option("--chunk-size", help="Chunk size, a power of two (e.g. 64MiB).")
+    ] = f"{DEFAULT_CHUNK_SIZE // 2**20}MiB",
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="Allow pickle-format files (they run code when loaded).")
+    ] = False,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, help="Parts uploaded at once.")] = 8,
+) -> None:
+    """Publish DIRECTORY as an immutable version: upload only what the store lacks, then commit."""
+    run = _run(ctx)
+    size = _parse_size(chunk_size)
+    with run.client() as client, contextlib.ExitStack() as stack:
+        progress = None
+        if not run.json:
+            columns = display.RichPublishProgress.columns()
+            bars = stack.enter_context(Progress(*columns, console=Console(stderr=True)))
+            progress = display.RichPublishProgress(bars)
+        result = client.publish_directory(
+            directory,
+            model,
+            label or [],
+            chunk_size=size,
+            allow_pickle=allow_pickle,
+            concurrency=concurrency,
+            progress=progress,
+            backoff=Backoff(sleep=run.seams.sleep),
+        )
+    data = {
+        "model": result.version.model,
+        "digest": result.version.digest,
+        "labels": result.version.labels,
+        "files": result.files,
+        "bytes_total": result.bytes_total,
+        "bytes_uploaded": result.bytes_uploaded,
+        "bytes_deduplicated": result.bytes_deduplicated,
+        "bytes_resumed": result.bytes_resumed,
+        "parts_uploaded": result.parts_uploaded,
+        "hash_seconds": round(result.hash_seconds, 4),
+        "upload_seconds": round(result.upload_seconds, 4),
+        "commit_seconds": round(result.commit_seconds, 4),
+        "upload_id": result.upload_id,
+        "version": result.version,
+    }
+    _out(run, data, lambda: display.publish_summary(result))
+
+
+@app.command()
+@_command
+def models(ctx: typer.Context) -> None:
+    """List models."""
+    run = _run(ctx)
+    with run.client() as client:
+        found = client.list_models()
+    _out(run, found, lambda: display.models_table(found))
+
+
+@app.command()
+@_command
+def versions(ctx: typer.Context, model: Annotated[str, typer.Argument(help="Model name.", show_default=False)]) -> None:
+    """List the versions of MODEL."""
+    run = _run(ctx)
+    with run.client() as client:
+        found = client.list_versions(model)
+    _out(run, found, lambda: display.versions_table(model, found))
+
+
+@app.command()
+@_command
+def show(
+    ctx: typer.Context,
+    ref: Annotated[
+        str, typer.Argument(metavar="MODEL@REF", help="MODEL@LABEL or MODEL@sha256:<hex>.", show_default=False)
+    ],
+) -> None:
+    """Show one version and its files; the manifest is checked against the version's digest."""
+    run = _run(ctx)
+    model, version_ref = _split_ref(ref)
+    with run.client() as client:
+        version = client.get_version(model, version_ref)
+        raw = client.get_manifest(model, version.digest)
+    actual = format_digest(sha256_hex(raw))
+    if actual != version.digest:
+        raise IntegrityError(
+            f"the manifest served for {model}@{version_ref} hashes to {actual}, not {version.digest}: "
+            "do not deploy it, and report this control plane as corrupt"
+        )
+    manifest = parse_manifest(raw)
+    data = {"version": version, "manifest": manifest.to_json()}
+    _out(run, data, lambda: _group(display.version_table(version), display.manifest_table(manifest)))
+
+
+def _group(*parts: RenderableType) -> RenderableType:
+    return Group(*parts)
+
+
+# --- deployments -----------------------------------------------------------------------------------
+
+
+@deploy_app.command("create")
+@_command
+def deploy_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model it serves.", show_default=False)],
+) -> None:
+    """Create deployment NAME of a model; it serves nothing until `deploy set`."""
+    run = _run(ctx)
+    with run.client() as client:
+        created = client.create_deployment(name, model)
+    _out(run, created, lambda: display.deployment_table(created))
+
+
+@deploy_app.command("list")
+@_command
+def deploy_list(ctx: typer.Context) -> None:
+    """List deployments and their pointers."""
+    run = _run(ctx)
+    with run.client() as client:
+        found = client.list_deployments()
+    _out(run, found, lambda: display.deployments_table(found))
+
+
+@deploy_app.command("set")
+@_command
+def deploy_set(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)],
+    stable: Annotated[
+        str, typer.Option("--stable", help="Stable version: label or sha256 digest.", show_default=False)
+    ],
+    canary: Annotated[str | None, typer.Option("--canary", help="Canary version: label or digest.")] = None,
+    share: Annotated[
+        float | None, typer.Option("--share", min=0.0, max=1.0, help="Canary share of nodes, 0..1.")
+    ] = None,
+    expect_epoch: Annotated[
+        int | None,
+        typer.Option("--expect-epoch", help="Only change it if it is still at this epoch (default: as read now)."),
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why; goes into the audit history.")] = "",
+) -> None:
+    """Point deployment NAME at a stable version (and optionally a canary), compare-and-swap on its epoch."""
+    run = _run(ctx)
+    if (canary is None) != (share is None):
+        raise ValidationError("--canary and --share go together: give both (e.g. --canary v8 --share 0.1) or neither")
+    with run.client() as client:
+        epoch = expect_epoch if expect_epoch is not None else client.get_deployment(name).epoch
+        try:
+            updated = client.set_pointer(
+                name, stable, expected_epoch=epoch, canary=canary, canary_share=share or 0.0, reason=reason
+            )
+        except PreconditionFailed:
+            raise PreconditionFailed(
+                f"deployment {name!r} is no longer at epoch {epoch}: someone else changed it first, so this change "
+                f"was not applied; re-read it with `weightship status {name}` and run the change again"
+            ) from None
+    _out(run, updated, lambda: display.deployment_table(updated))
+
+
+@app.command()
+@_command
+def rollback(
+    ctx: typer.Context,
+    deployment: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)],
+    to: Annotated[
+        str | None, typer.Option("--to", help="Label or digest to roll back to (default: previous stable).")
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why; goes into the audit history.")] = "",
+    expect_epoch: Annotated[int | None, typer.Option("--expect-epoch", help="Only if still at this epoch.")] = None,
+) -> None:
+    """Point DEPLOYMENT back at its previous stable version (or --to another ready one)."""
+    run = _run(ctx)
+    started = time.monotonic()
+    with run.client() as client:
+        try:
+            updated = client.rollback(deployment, to=to, reason=reason, expected_epoch=expect_epoch)
+        except PreconditionFailed:
+            raise PreconditionFailed(
+                f"deployment {deployment!r} is no longer at epoch {expect_epoch}: someone else changed it first, so "
+                f"it was not rolled back; re-read it with `weightship status {deployment}` and decide again"
+            ) from None
+    seconds = time.monotonic() - started
+    data = {"deployment": updated, "seconds": round(seconds, 4)}
+
+    def human() -> RenderableType:
+        line = (
+            f"[bold green]rolled back[/bold green] {deployment}: stable is now "
+            f"{display.short_digest(updated.stable)} (was {display.short_digest(updated.previous_stable)}), "
+            f"epoch {updated.epoch}, in {seconds * 1000:.0f} ms"
+        )
+        return _group(line, display.deployment_table(updated))
+
+    _out(run, data, human)
+
+
+@app.command()
+@_command
+def history(
+    ctx: typer.Context,
+    deployment: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="Newest changes to show.")] = 100,
+) -> None:
+    """Show the pointer changes of DEPLOYMENT: who, why, from, to."""
+    run = _run(ctx)
+    with run.client() as client:
+        events = client.history(deployment, limit=limit)
+    _out(run, events, lambda: display.history_table(deployment, events))
+
+
+@app.command()
+@_command
+def status(
+    ctx: typer.Context, deployment: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)]
+) -> None:
+    """Show DEPLOYMENT's pointer and, per version, how many nodes are ready, fetching, failed, serving."""
+    run = _run(ctx)
+    with run.client() as client:
+        found = client.deployment_status(deployment)
+    _out(run, found, lambda: display.status_view(found))
+
+
+@app.command()
+@_command
+def nodes(
+    ctx: typer.Context,
+    deployment: Annotated[
+        str | None, typer.Option("--deployment", "-d", help="Only nodes serving this deployment.")
+    ] = None,
+) -> None:
+    """List registered nodes: where they are, what they serve, what they hold."""
+    run = _run(ctx)
+    with run.client() as client:
+        found = client.list_nodes(deployment)
+    _out(run, found, lambda: display.nodes_table(found))
+
+
+# --- tokens ------------------------------------------------------------------------------------------
+
+
+@token_app.command("create")
+@_command
+def token_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Who or what the token is for.", show_default=False)],
+    role: Annotated[Role, typer.Option("--role", "-r", help="What it may do.", show_default=False)],
+) -> None:
+    """Mint a token; its secret is printed once."""
+    run = _run(ctx)
+    with run.client() as client:
+        created = client.create_token(name, role)
+    _out(run, created, lambda: display.token_created(created))
+
+
+@token_app.command("list")
+@_command
+def token_list(ctx: typer.Context) -> None:
+    """List tokens (never their secrets)."""
+    run = _run(ctx)
+    with run.client() as client:
+        found = client.list_tokens()
+    _out(run, found, lambda: display.tokens_table(found))
+
+
+@token_app.command("revoke")
+@_command
+def token_revoke(
+    ctx: typer.Context, token_id: Annotated[str, typer.Argument(metavar="ID", help="Token id.", show_default=False)]
+) -> None:
+    """Revoke a token; calls with it fail from now on."""
+    run = _run(ctx)
+    with run.client() as client:
+        client.revoke_token(token_id)
+    _out(run, {"revoked": token_id}, lambda: Text(f"revoked token {token_id}"))
+
+
+def main() -> None:
+    """Entry point of the ``weightship`` console script."""
+    app(prog_name="weightship")

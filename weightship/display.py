@@ -1,0 +1,360 @@
+"""How the CLI shows things to people: rich tables and panels built from the API schemas.
+
+Scripts get JSON instead (``--json``); nothing here is parsed by programs, so it may change
+shape freely. Digests are shortened to their first 12 hex characters where a table would
+otherwise overflow, and shown whole where a person copies them (``versions``, one deployment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from rich.console import Group, RenderableType
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from weightship.manifest import Manifest
+from weightship.publishing import PublishResult
+from weightship.schemas import (
+    Deployment,
+    DeploymentStatus,
+    ModelInfo,
+    NodeInfo,
+    PointerEvent,
+    TokenCreated,
+    TokenInfo,
+    VersionInfo,
+    VersionState,
+)
+
+__all__ = [
+    "RichPublishProgress",
+    "deployment_table",
+    "deployments_table",
+    "history_table",
+    "human_bytes",
+    "manifest_table",
+    "models_table",
+    "nodes_table",
+    "publish_summary",
+    "short_digest",
+    "status_view",
+    "token_created",
+    "tokens_table",
+    "version_table",
+    "versions_table",
+]
+
+
+def human_bytes(n: int | float) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def short_digest(digest: str | None) -> str:
+    """The first 12 hex characters of a ``sha256:`` digest (as ``docker`` shows ids), or ``-``."""
+    return digest.removeprefix("sha256:")[:12] if digest else "-"
+
+
+def _t(text: str) -> Text:
+    """Text as it is: names, reasons and labels come from users and must never be read as markup."""
+    return Text(text)
+
+
+def _utc(at: datetime) -> datetime:
+    """``at`` in UTC; a time without a zone is UTC (all API times are), never local time."""
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def _when(at: datetime | None) -> str:
+    return _utc(at).strftime("%Y-%m-%d %H:%M:%SZ") if at else "-"
+
+
+def _ago(at: datetime | None, now: datetime) -> str:
+    if at is None:
+        return "never"
+    seconds = max(0.0, (_utc(now) - _utc(at)).total_seconds())
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+
+
+def models_table(models: Sequence[ModelInfo]) -> Table:
+    """``weightship models``."""
+    table = Table("MODEL", "VERSIONS", "PICKLE", "CREATED", title="models", title_justify="left")
+    for m in models:
+        table.add_row(m.name, str(m.versions), "allowed" if m.allow_pickle else "refused", _when(m.created_at))
+    return table
+
+
+def versions_table(model: str, versions: Sequence[VersionInfo]) -> Table:
+    """``weightship versions M``: newest last, full digests."""
+    table = Table(
+        "LABELS", "DIGEST", "SIZE", "FILES", "CREATED", "BY", title=f"versions of {model}", title_justify="left"
+    )
+    table.columns[1].overflow = "fold"
+    for v in sorted(versions, key=lambda v: v.created_at):
+        table.add_row(
+            ", ".join(v.labels) or "-",
+            v.digest,
+            human_bytes(v.size),
+            str(v.files),
+            _when(v.created_at),
+            _t(v.created_by),
+        )
+    return table
+
+
+def version_table(version: VersionInfo) -> Table:
+    """The facts of one version, as a two-column table."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in (
+        ("model", version.model),
+        ("digest", version.digest),
+        ("labels", ", ".join(version.labels) or "-"),
+        ("state", version.state),
+        ("size", f"{human_bytes(version.size)} ({version.size} bytes)"),
+        ("files", str(version.files)),
+        ("created", f"{_when(version.created_at)} by {version.created_by}"),
+    ):
+        table.add_row(key, _t(value))
+    return table
+
+
+def manifest_table(manifest: Manifest) -> Table:
+    """The files of a version with their sizes, chunks and tensor counts."""
+    table = Table(
+        "PATH",
+        "SIZE",
+        "TYPE",
+        "CHUNKS",
+        "TENSORS",
+        "SHA256",
+        title=f"files (chunk size {human_bytes(manifest.chunk_size)})",
+        title_justify="left",
+    )
+    for f in manifest.files:
+        tensors = str(len(f.safetensors.tensors)) if f.safetensors else "-"
+        table.add_row(_t(f.path), human_bytes(f.size), _t(f.media_type), str(len(f.chunks)), tensors, f.sha256[:12])
+    return table
+
+
+def deployment_table(deployment: Deployment) -> Table:
+    """A deployment's serving pointer."""
+    table = Table(
+        show_header=False, box=None, pad_edge=False, title=f"deployment {deployment.name}", title_justify="left"
+    )
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    canary = f"{deployment.canary} ({deployment.canary_share:.0%})" if deployment.canary else "-"
+    for key, value in (
+        ("model", deployment.model),
+        ("stable", deployment.stable or "-"),
+        ("previous", deployment.previous_stable or "-"),
+        ("canary", canary),
+        ("epoch", str(deployment.epoch)),
+        ("updated", _when(deployment.updated_at)),
+    ):
+        table.add_row(key, value)
+    return table
+
+
+def history_table(name: str, events: Sequence[PointerEvent]) -> Table:
+    """``weightship history D``: one row per epoch, newest first."""
+    table = Table(
+        "EPOCH", "AT", "ACTION", "BY", "STABLE", "CANARY", "REASON", title=f"history of {name}", title_justify="left"
+    )
+    for e in sorted(events, key=lambda e: e.epoch, reverse=True):
+        stable = f"{short_digest(e.from_stable)} → {short_digest(e.to_stable)}"
+        canary = f"{short_digest(e.to_canary)} {e.canary_share:.0%}" if e.to_canary else "-"
+        table.add_row(str(e.epoch), _when(e.at), e.action, _t(e.actor), stable, canary, _t(e.reason))
+    return table
+
+
+def deployments_table(deployments: Sequence[Deployment]) -> Table:
+    """``weightship deploy list``."""
+    table = Table(
+        "DEPLOYMENT",
+        "MODEL",
+        "STABLE",
+        "PREVIOUS",
+        "CANARY",
+        "EPOCH",
+        "UPDATED",
+        title="deployments",
+        title_justify="left",
+    )
+    for d in deployments:
+        canary = f"{short_digest(d.canary)} {d.canary_share:.0%}" if d.canary else "-"
+        table.add_row(
+            d.name,
+            d.model,
+            short_digest(d.stable),
+            short_digest(d.previous_stable),
+            canary,
+            str(d.epoch),
+            _when(d.updated_at),
+        )
+    return table
+
+
+def nodes_table(nodes: Sequence[NodeInfo], now: datetime | None = None) -> Table:
+    """``weightship nodes``."""
+    now = now or datetime.now(UTC)
+    table = Table(
+        "NODE", "ROLE", "PLACE", "GPU", "SEEN", "SERVING", "VERSIONS", "DOWNLOADED", title="nodes", title_justify="left"
+    )
+    for n in sorted(nodes, key=lambda n: n.name):
+        place = "/".join((n.labels.region, n.labels.cluster, n.labels.zone, n.labels.rack))
+        seen = Text(_ago(n.last_seen, now), style="red" if n.stale else "")
+        if n.stale:
+            seen.append(" stale", style="bold red")
+        serving = ", ".join(f"{s.name}={short_digest(s.digest)}@{s.epoch}" for s in n.serving) or "-"
+        counts = {state: sum(1 for v in n.inventory if v.state == state) for state in VersionState}
+        versions = " ".join(f"{counts[s]} {s.value}" for s in VersionState if counts[s]) or "-"
+        if counts[VersionState.failed]:
+            versions = f"[red]{versions}[/red]"
+        table.add_row(
+            n.name,
+            n.role,
+            _t(place),
+            _t(n.labels.gpu_type),
+            seen,
+            serving,
+            versions,
+            human_bytes(n.counters.bytes_downloaded),
+        )
+    return table
+
+
+def status_view(status: DeploymentStatus) -> RenderableType:
+    """``weightship status D``: the pointer, then per version how far the fleet is."""
+    d = status.deployment
+    versions = Table(
+        "ROLE",
+        "DIGEST",
+        "DESIRED",
+        "READY",
+        "FETCHING",
+        "FAILED",
+        "SERVING",
+        "LAG",
+        "BYTES",
+        title="versions across the fleet",
+        title_justify="left",
+    )
+    for v in status.versions:
+        lag = max(0, v.nodes_desired - v.nodes_serving)
+        percent = f" ({v.bytes_present / v.bytes_total:.0%})" if v.bytes_total else ""
+        versions.add_row(
+            v.role,
+            short_digest(v.digest),
+            str(v.nodes_desired),
+            str(v.nodes_ready),
+            str(v.nodes_fetching),
+            f"[red]{v.nodes_failed}[/red]" if v.nodes_failed else "0",
+            str(v.nodes_serving),
+            f"[yellow]{lag}[/yellow]" if lag else "0",
+            f"{human_bytes(v.bytes_present)} / {human_bytes(v.bytes_total)}{percent}",
+        )
+    summary = Text(f"{status.nodes} nodes, {status.stale_nodes} stale")
+    if status.lagging_nodes:
+        summary.append(f"; not yet serving what they should: {', '.join(status.lagging_nodes)}", style="yellow")
+    else:
+        summary.append("; every node serves what it should", style="green")
+    return Group(deployment_table(d), Text(""), versions, summary)
+
+
+def tokens_table(tokens: Sequence[TokenInfo]) -> Table:
+    """``weightship token list``."""
+    table = Table("ID", "NAME", "ROLE", "CREATED", "BY", title="tokens", title_justify="left")
+    for t in tokens:
+        table.add_row(_t(t.id), _t(t.name), t.role.value, _when(t.created_at), _t(t.created_by))
+    return table
+
+
+def token_created(token: TokenCreated) -> RenderableType:
+    """A new token, with the one-time secret and what to do with it."""
+    return Group(
+        Text.assemble(("token ", "bold"), (token.id, ""), (f" ({token.name}, role {token.role.value})", "dim")),
+        Text(token.token, style="bold green"),
+        Text("This secret is shown once; store it now (e.g. export WEIGHTSHIP_TOKEN=...).", style="yellow"),
+    )
+
+
+def publish_summary(result: PublishResult) -> RenderableType:
+    """What a publish did, in particular how much it did not have to upload."""
+    v = result.version
+    head = Text.assemble(
+        ("published ", "bold green"), (f"{v.model}@{','.join(v.labels) or '-'}", "bold"), f" {v.digest}"
+    )
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_column(style="dim")
+    rate = result.bytes_total / result.hash_seconds if result.hash_seconds > 0 else 0.0
+    parts = f"{result.parts_uploaded} part{'' if result.parts_uploaded == 1 else 's'}"
+    table.add_row("total", human_bytes(result.bytes_total), f"{result.files} files")
+    table.add_row("uploaded", human_bytes(result.bytes_uploaded), f"{parts} in {result.upload_seconds:.2f}s")
+    table.add_row("deduplicated", human_bytes(result.bytes_deduplicated), "already in the store, not sent")
+    if result.bytes_resumed:
+        table.add_row("resumed", human_bytes(result.bytes_resumed), "uploaded by an earlier, interrupted run")
+    table.add_row("hashed", f"{result.hash_seconds:.2f}s", f"{human_bytes(rate)}/s")
+    table.add_row("committed", f"{result.commit_seconds:.2f}s", "the control plane verified every blob")
+    return Group(head, table)
+
+
+class RichPublishProgress:
+    """A ``PublishProgress`` drawing one bar for hashing and one for uploading."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self._hash: TaskID | None = None
+        self._upload: TaskID | None = None
+
+    @staticmethod
+    def columns() -> tuple[TextColumn | BarColumn | DownloadColumn | TransferSpeedColumn | TimeRemainingColumn, ...]:
+        """The columns both bars use."""
+        return (
+            TextColumn("{task.description:<9}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
+
+    def hashing(self, total_bytes: int) -> None:
+        """Add the hashing bar."""
+        self._hash = self.progress.add_task("hashing", total=total_bytes)
+
+    def hashed(self, nbytes: int) -> None:
+        """Advance the hashing bar."""
+        if self._hash is not None:
+            self.progress.advance(self._hash, nbytes)
+
+    def uploading(self, total_bytes: int, done_bytes: int) -> None:
+        """Finish the hashing bar and add the upload bar."""
+        if self._hash is not None:
+            done = next(t.completed for t in self.progress.tasks if t.id == self._hash)
+            self.progress.update(self._hash, total=done)
+        self._upload = self.progress.add_task("uploading", total=total_bytes, completed=done_bytes)
+
+    def uploaded(self, nbytes: int) -> None:
+        """Advance the upload bar."""
+        if self._upload is not None:
+            self.progress.advance(self._upload, nbytes)

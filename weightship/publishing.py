@@ -1,0 +1,255 @@
+"""Publishing a model directory: hash it, upload only what the store lacks, commit.
+
+The protocol, client side::
+
+    build_manifest(dir)                       read every file once, chunk hashes in parallel
+    POST /v1/uploads  {manifest, labels}  ->  UploadSession: per blob, present or the parts to PUT
+    PUT  part.url  (part bytes, part.headers) for every part not yet done, in parallel, retried
+    POST /v1/uploads/{id}/commit          ->  VersionInfo, once the server has verified every blob
+
+Opening a session for a manifest that already has one resumes it: parts marked ``done`` are
+skipped, so running the same publish again after a failure uploads only what is missing. Each
+part (= one chunk) is read with ``os.pread`` at its offset, checked against the chunk digest from
+the manifest before it is sent (a file edited during publish fails here, clearly, rather than at
+commit), and sent to its URL: a presigned S3 multipart URL carrying the part's SHA-256 checksum
+header, or a control-plane route for the local store. At most ``concurrency`` parts are in memory
+and in flight at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from weightship.backoff import Backoff
+from weightship.chunks import DEFAULT_CHUNK_SIZE
+from weightship.errors import IntegrityError, TemporaryError, WeightshipError
+from weightship.manifest import Manifest, build_manifest
+from weightship.schemas import PartUpload, UploadSession, VersionInfo
+
+if TYPE_CHECKING:
+    from weightship.client import Client
+
+__all__ = ["PublishProgress", "PublishResult", "SilentProgress", "directory_size", "publish_directory"]
+
+
+class PublishProgress(Protocol):
+    """What a publish reports while it runs; calls may come from worker threads."""
+
+    def hashing(self, total_bytes: int) -> None:
+        """Hashing starts over ``total_bytes``."""
+
+    def hashed(self, nbytes: int) -> None:
+        """``nbytes`` more were hashed."""
+
+    def uploading(self, total_bytes: int, done_bytes: int) -> None:
+        """Uploading starts: ``total_bytes`` must be in the store, ``done_bytes`` of them already are."""
+
+    def uploaded(self, nbytes: int) -> None:
+        """One more part of ``nbytes`` was accepted."""
+
+
+class SilentProgress:
+    """A ``PublishProgress`` that reports nothing."""
+
+    def hashing(self, total_bytes: int) -> None:
+        """Ignore."""
+
+    def hashed(self, nbytes: int) -> None:
+        """Ignore."""
+
+    def uploading(self, total_bytes: int, done_bytes: int) -> None:
+        """Ignore."""
+
+    def uploaded(self, nbytes: int) -> None:
+        """Ignore."""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What a publish did: the version, and where its bytes came from.
+
+    ``bytes_total = bytes_deduplicated + bytes_resumed + bytes_uploaded``: bytes already in the
+    store (this or another version had them), parts an earlier interrupted run already uploaded,
+    and bytes this run sent.
+    """
+
+    version: VersionInfo
+    upload_id: str
+    files: int
+    bytes_total: int
+    bytes_uploaded: int
+    bytes_deduplicated: int
+    bytes_resumed: int
+    parts_uploaded: int
+    hash_seconds: float
+    upload_seconds: float
+    commit_seconds: float
+
+
+def directory_size(root: Path) -> int:
+    """Bytes of the files a publish of ``root`` hashes (hidden names skipped, links not followed)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if not name.startswith("."):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _read_part(path: Path, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pieces: list[bytes] = []
+        done = 0
+        # pread returns at most ~2 GiB per call on Linux, and less at end of file.
+        while done < length:
+            piece = os.pread(fd, length - done, offset + done)
+            if not piece:
+                break
+            pieces.append(piece)
+            done += len(piece)
+        return b"".join(pieces)
+    finally:
+        os.close(fd)
+
+
+class _Uploader:
+    """Uploads the missing parts of one session, in parallel, each retried with backoff."""
+
+    def __init__(
+        self, client: Client, root: Path, manifest: Manifest, progress: PublishProgress, backoff: Backoff
+    ) -> None:
+        self.client = client
+        self.backoff = backoff
+        self.root = root
+        self.progress = progress
+        self.paths = {f.sha256: f.path for f in manifest.files}
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.bytes_sent = 0
+        self.parts_sent = 0
+
+    def run(self, session: UploadSession, concurrency: int) -> None:
+        """Upload every part of ``session`` that is not done; raise the first failure."""
+        work = [
+            (blob.sha256, part) for blob in session.blobs if not blob.present for part in blob.parts if not part.done
+        ]
+        if not work:
+            return
+        with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="ws-upload") as pool:
+            futures: list[Future[None]] = [pool.submit(self._upload, sha, part) for sha, part in work]
+            try:
+                done, _pending = wait(futures, return_when=FIRST_EXCEPTION)
+            except BaseException:  # Ctrl-C: send nothing more, let in-flight parts finish
+                self._cancel(futures)
+                raise
+            failed = [f for f in done if f.exception() is not None]
+            if failed:
+                self._cancel(futures)
+                raise failed[0].exception()  # type: ignore[misc]
+
+    def _cancel(self, futures: list[Future[None]]) -> None:
+        self.stop.set()
+        for future in futures:
+            future.cancel()
+
+    def _upload(self, sha: str, part: PartUpload) -> None:
+        if self.stop.is_set():
+            return
+        rel = self.paths.get(sha)
+        if rel is None:
+            raise WeightshipError(
+                f"the control plane asked for blob {sha}, which is not in this manifest; "
+                "abort the upload session and publish again"
+            )
+        data = _read_part(self.root / rel, part.offset, part.length)
+        if len(data) != part.length or hashlib.sha256(data).hexdigest() != part.sha256:
+            raise IntegrityError(
+                f"{rel}: bytes {part.offset}-{part.offset + part.length} no longer match the digest hashed a moment "
+                "ago; the file changed during publish: leave the directory alone and run publish again"
+            )
+
+        def attempt() -> None:
+            if self.stop.is_set():
+                return
+            self.client.upload_part(part, data)
+
+        try:
+            self.backoff.run(attempt, lambda exc: isinstance(exc, TemporaryError) and not self.stop.is_set())
+        except WeightshipError as exc:
+            raise type(exc)(
+                f"uploading part {part.number} of {rel} failed: {exc.message}; run the same publish command "
+                "again to resume (parts already uploaded are kept)"
+            ) from None
+        if self.stop.is_set():
+            return
+        with self._lock:
+            self.bytes_sent += part.length
+            self.parts_sent += 1
+        self.progress.uploaded(part.length)
+
+
+def publish_directory(
+    client: Client,
+    root: Path,
+    model: str,
+    labels: Sequence[str] = (),
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    allow_pickle: bool = False,
+    metadata: dict[str, str] | None = None,
+    concurrency: int = 8,
+    progress: PublishProgress | None = None,
+    backoff: Backoff | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> PublishResult:
+    """Publish the model directory ``root`` as a version of ``model`` (see the module docstring).
+
+    Each part is retried on temporary failures with ``backoff`` (default: 5 attempts, capped
+    exponential); the client's own backoff only governs reads.
+    """
+    report: PublishProgress = progress or SilentProgress()
+    started = clock()
+    report.hashing(directory_size(root))
+    manifest = build_manifest(
+        root, model, chunk_size=chunk_size, allow_pickle=allow_pickle, metadata=metadata, progress=report.hashed
+    )
+    hashed = clock()
+    session = client.create_upload(manifest.raw, labels, allow_pickle=allow_pickle)
+    if session.digest != manifest.digest:
+        raise IntegrityError(
+            f"the control plane opened session {session.id} for {session.digest}, but this manifest is "
+            f"{manifest.digest}; the server altered the manifest: report this as a bug"
+        )
+    missing = [b for b in session.blobs if not b.present]
+    to_store = sum(b.size for b in missing)
+    resumed = sum(p.length for b in missing for p in b.parts if p.done)
+    report.uploading(to_store, resumed)
+    uploader = _Uploader(client, root, manifest, report, backoff or Backoff())
+    uploader.run(session, concurrency)
+    uploaded = clock()
+    version = client.commit_upload(session.id)
+    committed = clock()
+    total = manifest.total_size
+    return PublishResult(
+        version=version,
+        upload_id=session.id,
+        files=len(manifest.files),
+        bytes_total=total,
+        bytes_uploaded=uploader.bytes_sent,
+        bytes_deduplicated=total - to_store,
+        bytes_resumed=resumed,
+        parts_uploaded=uploader.parts_sent,
+        hash_seconds=hashed - started,
+        upload_seconds=uploaded - hashed,
+        commit_seconds=committed - uploaded,
+    )
