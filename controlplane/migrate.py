@@ -16,6 +16,7 @@ newest one (``tests/controlplane/test_migrations.py`` compares them on both data
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from alembic import command
@@ -68,25 +69,38 @@ def _lock(conn: Connection) -> None:
 
 
 def _migrate(engine: Engine, target: str, *, down: bool) -> None:
-    try:
-        with engine.connect() as conn:
-            _lock(conn)
-            before = MigrationContext.configure(conn).get_current_revision()
-            config = alembic_config(conn)
-            if down:
-                command.downgrade(config, target)
-            else:
-                command.upgrade(config, target)
-            after = MigrationContext.configure(conn).get_current_revision()
-            conn.commit()
-    except exc.OperationalError as err:
-        raise TemporaryError(
-            f"could not migrate the database at {engine.url.render_as_string(hide_password=True)}: {err.orig}; "
-            "check that it is reachable and not locked by another process, then retry",
-            delay=5.0,
-        ) from err
+    # SQLite answers "database is locked" at once when replicas start together and race to switch the
+    # new file to WAL mode, before its busy timeout applies; that race passes, so try a few times.
+    attempts = 8 if engine.dialect.name == "sqlite" else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            before, after = _migrate_once(engine, target, down=down)
+            break
+        except exc.OperationalError as err:
+            if attempt < attempts and "locked" in str(err.orig):
+                time.sleep(0.05 * 2**attempt)
+                continue
+            raise TemporaryError(
+                f"could not migrate the database at {engine.url.render_as_string(hide_password=True)}: {err.orig}; "
+                "check that it is reachable and not locked by another process, then retry",
+                delay=5.0,
+            ) from err
     if before != after:
         log.info("schema_migrated from=%s to=%s dialect=%s", before, after, engine.dialect.name)
+
+
+def _migrate_once(engine: Engine, target: str, *, down: bool) -> tuple[str | None, str | None]:
+    with engine.connect() as conn:
+        _lock(conn)
+        before = MigrationContext.configure(conn).get_current_revision()
+        config = alembic_config(conn)
+        if down:
+            command.downgrade(config, target)
+        else:
+            command.upgrade(config, target)
+        after = MigrationContext.configure(conn).get_current_revision()
+        conn.commit()
+    return before, after
 
 
 def upgrade(engine: Engine, target: str = "head") -> None:

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
-from agent_processes import AgentProcess, Spawn
-from controlplane_process import ControlPlaneProcess
-from fleet_fakes import AGENT_TOKEN, FakeControlPlane, Origin
 
+from tests.agent.agent_processes import AgentProcess, Spawn
+from tests.agent.controlplane_process import ControlPlaneProcess
+from tests.agent.fleet_fakes import AGENT_TOKEN, FakeControlPlane, Origin
 from weightship.manifest import Manifest
 
 

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import httpx
-from agent_processes import REPO, eventually
 
+from tests.agent.agent_processes import REPO, eventually
 from weightship.client import Client
 
 ADMIN_TOKEN = "ws_agent-tests-admin-token-0123456789abcdef"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from agent_processes import Spawn, eventually
-from fleet_fakes import FakeControlPlane, Pointer
 
+from tests.agent.agent_processes import Spawn, eventually
+from tests.agent.fleet_fakes import FakeControlPlane, Pointer
 from weightship.manifest import Manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from agent_processes import Spawn, eventually
-from fleet_fakes import FakeControlPlane
 
+from tests.agent.agent_processes import Spawn, eventually
+from tests.agent.fleet_fakes import FakeControlPlane
 from weightship.manifest import Manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

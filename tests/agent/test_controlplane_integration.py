@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agent_processes import AgentProcess, eventually
-from controlplane_process import ControlPlaneProcess
 
+from tests.agent.agent_processes import AgentProcess, eventually
+from tests.agent.controlplane_process import ControlPlaneProcess
 from weightship.digests import hex_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from agent_processes import Spawn, eventually
-from fleet_fakes import FakeControlPlane, FaultProxy, Origin
 
+from tests.agent.agent_processes import Spawn, eventually
+from tests.agent.fleet_fakes import FakeControlPlane, FaultProxy, Origin
 from weightship.digests import hex_of
 from weightship.manifest import Manifest
 

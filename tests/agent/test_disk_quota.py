@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agent_processes import AgentProcess, Spawn, eventually
-from fleet_fakes import FakeControlPlane, Origin
 
+from tests.agent.agent_processes import AgentProcess, Spawn, eventually
+from tests.agent.fleet_fakes import FakeControlPlane, Origin
 from weightship.digests import hex_of
 from weightship.manifest import Manifest
 

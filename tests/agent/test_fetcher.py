@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from fleet_fakes import Origin
-from local_versions import install
 
 from agent.counters import Counters
 from agent.fetcher import Fetcher
 from agent.rangeclient import RangeClient
 from agent.staging import Staging
 from agent.store import VersionStore
+from tests.agent.fleet_fakes import Origin
+from tests.agent.local_versions import install
 from weightship.errors import IntegrityError, StoreError
 from weightship.schemas import BlobURL
 

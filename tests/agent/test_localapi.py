@@ -9,12 +9,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from local_versions import install
 
 from agent.epochs import EpochBook
 from agent.localapi import LocalAPI
 from agent.serving import Serving
 from agent.store import VersionStore
+from tests.agent.local_versions import install
 from weightship.manifest import Manifest
 from weightship.schemas import LocalDeployment, NodeHeartbeat, ValidationReport
 

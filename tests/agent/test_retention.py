@@ -6,11 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from local_versions import install, manifest_of
 
 from agent.retention import Candidate, Retention, choose_eviction
 from agent.staging import Staging
 from agent.store import VersionStore
+from tests.agent.local_versions import install, manifest_of
 from weightship.errors import DiskFullError
 
 

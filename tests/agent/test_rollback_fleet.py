@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agent_processes import AgentProcess, eventually
-from controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 
+from tests.agent.agent_processes import AgentProcess, eventually
+from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from weightship.schemas import LocalDeployment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

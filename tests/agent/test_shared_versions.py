@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from agent_processes import Spawn
-from fleet_fakes import FakeControlPlane, Origin
 
+from tests.agent.agent_processes import Spawn
+from tests.agent.fleet_fakes import FakeControlPlane, Origin
 from weightship.digests import hex_of
 from weightship.manifest import Manifest
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from local_versions import fill, install, manifest_of
 
 from agent.staging import Staging
 from agent.store import VersionStore
+from tests.agent.local_versions import fill, install, manifest_of
 from weightship.errors import DiskFullError, IntegrityError
 from weightship.layout import read_verification
 

@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
-from agent_processes import Spawn, eventually
-from fleet_fakes import FakeControlPlane, Origin
 
+from tests.agent.agent_processes import Spawn, eventually
+from tests.agent.fleet_fakes import FakeControlPlane, Origin
 from weightship.digests import hex_of
 from weightship.layout import read_verification
 from weightship.manifest import Manifest

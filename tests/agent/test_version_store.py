@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from local_versions import install
 
 from agent.store import VersionStore
+from tests.agent.local_versions import install
 from weightship.digests import hex_of
 from weightship.errors import NotFoundError
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from staged_versions import stage
 
 from gpu_loader.modelgen import GeneratedModel, generate
+from tests.gpu_loader.staged_versions import stage
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from staged_versions import manifest_of
 
 from gpu_loader.errors import (
     ChunkMismatchError,
@@ -21,6 +20,7 @@ from gpu_loader.errors import (
 from gpu_loader.loader import Loader, LoadOptions, load_state_dict
 from gpu_loader.model import LlamaConfig, build_model
 from gpu_loader.sharding import ShardSpec
+from tests.gpu_loader.staged_versions import manifest_of
 from weightship.errors import IntegrityError, ManifestError, NotFoundError
 from weightship.layout import MANIFEST_FILE, META_DIR, VERIFIED_FILE
 from weightship.manifest import canonical_json, parse_manifest

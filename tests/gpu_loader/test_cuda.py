@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from staged_versions import manifest_of
 
 from gpu_loader.errors import ChunkMismatchError
 from gpu_loader.golden import GOLDEN_FILE, check_golden, parse_golden
@@ -17,6 +16,7 @@ from gpu_loader.model import LlamaConfig, build_model, column_parallel
 from gpu_loader.sharding import ShardSpec
 from gpu_loader.validation import validate
 from gpu_loader.version import open_version
+from tests.gpu_loader.staged_versions import manifest_of
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -8,16 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from staged_versions import CHUNK, manifest_of
 
 from gpu_loader.golden import GOLDEN_FILE, check_golden, parse_golden
 
-# Submodule imports: under pytest's prepend import mode ``tests/`` is on sys.path, so the bare
-# name ``gpu_loader`` resolves to the namespace package ``tests/gpu_loader`` (submodules still
-# resolve through the editable install). The package's own ``__all__`` is tested in a subprocess.
 from gpu_loader.loader import Loader, LoadOptions, load_into_module, load_state_dict
 from gpu_loader.model import LlamaConfig, build_model, column_parallel
 from gpu_loader.sharding import ShardSpec
+from tests.gpu_loader.staged_versions import CHUNK, manifest_of
 
 
 def reference(version: Path) -> dict[str, torch.Tensor]:

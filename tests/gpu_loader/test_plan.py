@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from staged_versions import manifest_of
 
 from gpu_loader.model import column_parallel
 from gpu_loader.plan import ARENA_ALIGN, LoadPlan, make_plan
 from gpu_loader.sharding import ShardSpec, tensor_range
+from tests.gpu_loader.staged_versions import manifest_of
 
 
 def plan_for(version, *, chunked: bool, block_size: int, shard: ShardSpec | None) -> LoadPlan:

@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("pydantic", reason="the agent API schemas need pydantic")
 import torch
-from staged_versions import manifest_of, stage
 
 from gpu_loader.agent_api import validation_report
 from gpu_loader.golden import GOLDEN_FILE
@@ -17,6 +16,7 @@ from gpu_loader.loader import Loader
 from gpu_loader.model import LlamaConfig, build_model
 from gpu_loader.validation import validate
 from gpu_loader.version import open_version
+from tests.gpu_loader.staged_versions import manifest_of, stage
 
 
 def loaded(version, dtype=None):
