@@ -39,8 +39,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, require
-from controlplane.db import DeploymentRow, LabelRow, ModelRow, PointerEventRow, VersionRow, utcnow
+from controlplane.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
 from controlplane.metrics import metrics_of
+from controlplane.registry import resolve_version
 from weightship.errors import (
     ConflictError,
     NotFoundError,
@@ -154,25 +155,15 @@ def _load(session: Session, name: str) -> DeploymentRow:
 
 def resolve_ready(session: Session, model: str, ref: str) -> str:
     """The digest of the ready version of ``model`` that ``ref`` (label or ``sha256:`` digest) names."""
-    if _DIGEST.match(ref):
-        version = session.get(VersionRow, ref)
-        if version is None:
-            raise NotFoundError(f"version {ref} does not exist; publish it to model {model!r} first")
-        if version.model != model:
+    try:
+        version = resolve_version(session, model, ref)
+    except NotFoundError:
+        other = session.get(VersionRow, ref) if ref.startswith("sha256:") else None
+        if other is not None:
             raise ConflictError(
-                f"version {ref} belongs to model {version.model!r}, but this deployment serves model {model!r}"
-            )
-    else:
-        if ref.startswith("sha256:"):
-            raise ValidationError(f"{ref!r} is not a valid digest: expected 'sha256:' followed by 64 lowercase hex")
-        label = session.get(LabelRow, (model, ref))
-        if label is None:
-            raise NotFoundError(
-                f"model {model!r} has no label {ref!r}; list its versions with GET /v1/models/{model}/versions"
-            )
-        version = session.get(VersionRow, label.digest)
-        if version is None:  # pragma: no cover - a foreign key makes this impossible
-            raise NotFoundError(f"label {ref!r} of model {model!r} names a version that does not exist")
+                f"version {ref} belongs to model {other.model!r}, but this deployment serves model {model!r}"
+            ) from None
+        raise
     if version.state != "ready":
         raise ConflictError(
             f"version {version.digest} of model {model!r} is {version.state!r}, not ready; only ready versions can be served"

@@ -179,10 +179,10 @@ def test_bad_refs_get_clear_errors_and_change_nothing(
 ) -> None:
     cases: list[tuple[dict[str, Any], int, str, str]] = [
         ({"stable": "v9"}, 404, "not_found", "no label 'v9'"),
-        ({"stable": "sha256:" + "0" * 64}, 404, "not_found", "does not exist"),
+        ({"stable": "sha256:" + "0" * 64}, 404, "not_found", "has no version"),
         ({"stable": versions["other"]}, 409, "conflict", "belongs to model 'mistral'"),
         ({"stable": "broken"}, 409, "conflict", "not ready"),
-        ({"stable": "sha256:XYZ"}, 400, "invalid", "not a valid digest"),
+        ({"stable": "sha256:XYZ"}, 400, "invalid", "not a version digest"),
         ({"stable": "v1", "canary": "v9", "canary_share": 0.1}, 404, "not_found", "no label 'v9'"),
         ({"stable": "v1", "canary_share": 0.5}, 400, "invalid", "no canary is named"),
         ({"stable": "v1", "canary": "v1", "canary_share": 0.5}, 400, "invalid", "same version"),
