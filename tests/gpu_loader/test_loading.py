@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 
 from gpu_loader.golden import GOLDEN_FILE, check_golden, parse_golden
-
 from gpu_loader.loader import Loader, LoadOptions, load_into_module, load_state_dict
 from gpu_loader.model import LlamaConfig, build_model, column_parallel
 from gpu_loader.sharding import ShardSpec
