@@ -173,6 +173,8 @@ def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
         serving=report.deployments,
         counters=report.counters,
         health=report.health,
+        validation=report.validation,
+        refused=report.refused,
     )
 
 

@@ -282,7 +282,7 @@ def open_session(state: Any, principal: Principal, create: UploadCreate) -> tupl
             row.allow_pickle = allow_pickle
             row.expires_at = now + ttl
             session.commit()
-            log.info("event=upload_resumed session=%s model=%s digest=%s", row.id, row.model, row.digest)
+            log.info("upload_resumed session=%s model=%s digest=%s", row.id, row.model, row.digest)
             return _view(state, row, manifest, done, now), False
     uploads = {} if ready else _begin_uploads(store, manifest)
     row = UploadSessionRow(
@@ -306,7 +306,7 @@ def open_session(state: Any, principal: Principal, create: UploadCreate) -> tupl
         _abort_all(store, uploads, best_effort=True)
         raise
     log.info(
-        "event=upload_opened session=%s model=%s digest=%s blobs_missing=%d by=%s",
+        "upload_opened session=%s model=%s digest=%s blobs_missing=%d by=%s",
         row.id,
         row.model,
         row.digest,
@@ -327,7 +327,7 @@ def _abort_all(store: OriginStore, uploads: Mapping[str, str], best_effort: bool
         except WeightshipError as err:
             if not best_effort:
                 raise
-            log.warning("event=upload_abort_failed blob=%s upload=%s error=%r", sha, upload_id, err.message)
+            log.warning("upload_abort_failed blob=%s upload=%s error=%r", sha, upload_id, err.message)
 
 
 def _abort(state: Any, row: UploadSessionRow, reason: str) -> None:
@@ -341,7 +341,7 @@ def _abort(state: Any, row: UploadSessionRow, reason: str) -> None:
         )
         session.commit()
     row.state = "aborted"
-    log.info("event=upload_aborted session=%s digest=%s reason=%s", row.id, row.digest, reason)
+    log.info("upload_aborted session=%s digest=%s reason=%s", row.id, row.digest, reason)
 
 
 def sweep_expired_uploads(state: Any, now: datetime | None = None, limit: int = 500) -> int:
@@ -363,7 +363,7 @@ def sweep_expired_uploads(state: Any, now: datetime | None = None, limit: int = 
             _abort(state, row, "expired")
             swept += 1
         except WeightshipError as err:
-            log.warning("event=upload_sweep_failed session=%s error=%r", row.id, err.message)
+            log.warning("upload_sweep_failed session=%s error=%r", row.id, err.message)
     return swept
 
 
@@ -455,7 +455,7 @@ def commit_session(state: Any, principal: Principal, upload_id: str) -> VersionI
         session.execute(update(UploadSessionRow).where(UploadSessionRow.id == row.id).values(state="committed"))
         session.commit()
     log.info(
-        "event=version_committed session=%s model=%s digest=%s labels=%s by=%s",
+        "version_committed session=%s model=%s digest=%s labels=%s by=%s",
         row.id,
         manifest.model,
         manifest.digest,

@@ -170,7 +170,7 @@ def rebuild_index(store: OriginStore, sessions: sessionmaker[Any]) -> RecoveryRe
         session.commit()
     report.models, report.versions, report.labels = len(models), len(versions), len(labels)
     log.info(
-        "event=index_rebuilt store=%r models=%d versions=%d labels=%d skipped=%d",
+        "index_rebuilt store=%r models=%d versions=%d labels=%d skipped=%d",
         store.describe(),
         report.models,
         report.versions,

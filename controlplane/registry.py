@@ -312,7 +312,7 @@ def add_label(
         except exc.IntegrityError:
             session.rollback()
             check_labels_free(session, model, body.digest, [body.label])
-        log.info("event=label_added model=%s label=%s digest=%s by=%s", model, body.label, body.digest, principal.name)
+        log.info("label_added model=%s label=%s digest=%s by=%s", model, body.label, body.digest, principal.name)
         response.status_code = 201
         return version_info(session, resolve_version(session, model, body.digest))
 

@@ -301,7 +301,7 @@ class LocalStore:
             tmp.write_text(f"{part_size} {composite_checksum([p.sha256 for p in parts])}", encoding="ascii")
             os.replace(tmp, record)
         shutil.rmtree(staging, ignore_errors=True)
-        log.info("event=blob_published store=local blob=%s published=%s", sha256, published)
+        log.info("blob_published store=local blob=%s published=%s", sha256, published)
         return published
 
     def abort_upload(self, sha256: str, upload_id: str) -> None:

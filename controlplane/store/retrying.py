@@ -163,13 +163,13 @@ def call(policy: RetryPolicy, what: str, fn: Callable[[], _T]) -> _T:
         if not retryable:
             raise error from None
         if attempt >= policy.attempts:
-            log.warning("event=s3_gave_up what=%r attempts=%d error=%r", what, attempt, error.message)
+            log.warning("s3_gave_up what=%r attempts=%d error=%r", what, attempt, error.message)
             raise TemporaryError(
                 f"{error.message}; gave up after {attempt} attempts: check that the S3 endpoint is reachable "
                 "and healthy, then retry",
                 delay=policy.max_delay,
             ) from None
         pause = policy.delay(attempt)
-        log.info("event=s3_retry what=%r attempt=%d delay=%.3f error=%r", what, attempt, pause, error.message)
+        log.info("s3_retry what=%r attempt=%d delay=%.3f error=%r", what, attempt, pause, error.message)
         policy.sleep(pause)
         attempt += 1

@@ -318,7 +318,7 @@ class S3Store:
             self.abort_upload(sha256, upload_id)
             return False
         self._verify_published(sha256, parts, str(response.get("ETag", "")))
-        log.info("event=blob_published store=s3 blob=%s parts=%d", sha256, len(parts))
+        log.info("blob_published store=s3 blob=%s parts=%d", sha256, len(parts))
         return True
 
     def _verify_published(self, sha256: str, parts: Sequence[PartSpec], etag: str) -> None:
@@ -347,7 +347,7 @@ class S3Store:
             self._what("DeleteObject", key),
             lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=etag or stat.etag),
         )
-        log.warning("event=blob_rejected store=s3 blob=%s reason=%r", sha256, problem.message)
+        log.warning("blob_rejected store=s3 blob=%s reason=%r", sha256, problem.message)
         raise problem
 
     def abort_upload(self, sha256: str, upload_id: str) -> None:
