@@ -119,13 +119,14 @@ class _Run:
     arena_offset: int = 0
 
 
-def _runs(slots: list[TensorSlot]) -> list[_Run]:
+def _runs(ranges: list[tuple[int, int]]) -> list[_Run]:
+    """Runs of adjacent ``(start, end)`` byte ranges, each placed in the arena."""
     runs: list[_Run] = []
-    for slot in sorted((s for s in slots if s.nbytes), key=lambda s: s.start):
-        if runs and runs[-1].end == slot.start:
-            runs[-1].end = slot.start + slot.nbytes
+    for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if runs and runs[-1].end == start:
+            runs[-1].end = end
         else:
-            runs.append(_Run(slot.start, slot.start + slot.nbytes))
+            runs.append(_Run(start, end))
     cursor = 0
     for run in runs:
         run.arena_offset = cursor + (run.start - cursor) % ARENA_ALIGN
@@ -192,19 +193,16 @@ def make_plan(
     for file_index, (entry, tensors) in enumerate(files):
         assert entry.safetensors is not None, entry.path
         data_start = entry.safetensors.data_start
-        slots: list[TensorSlot] = []
-        for info in tensors:
-            rng = tensor_range(info, shard, entry.path)
-            slots.append(TensorSlot(info.name, file_index, info.dtype, rng.shape, data_start + rng.begin, rng.end - rng.begin, 0))
-        runs = _runs(slots)
+        needed = [tensor_range(info, shard, entry.path) for info in tensors]
+        runs = _runs([(data_start + r.begin, data_start + r.end) for r in needed])
         starts = [r.start for r in runs]
         placed: list[TensorSlot] = []
-        for slot in slots:
-            offset = 0
-            if slot.nbytes:
-                run = runs[bisect.bisect_right(starts, slot.start) - 1]
-                offset = run.arena_offset + slot.start - run.start
-            placed.append(TensorSlot(slot.name, file_index, slot.dtype, slot.shape, slot.start, slot.nbytes, offset))
+        for info, rng in zip(tensors, needed, strict=True):
+            start, nbytes, offset = data_start + rng.begin, rng.end - rng.begin, 0
+            if nbytes:
+                run = runs[bisect.bisect_right(starts, start) - 1]
+                offset = run.arena_offset + start - run.start
+            placed.append(TensorSlot(info.name, file_index, info.dtype, rng.shape, start, nbytes, offset))
         arena_size = runs[-1].arena_offset + runs[-1].end - runs[-1].start if runs else 0
         file_plans.append(FilePlan(entry, arena_size))
 
