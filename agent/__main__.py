@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from agent.config import load_config
 from agent.daemon import Agent, install_signal_handlers
-from agent.logs import configure
 from weightship.errors import WeightshipError
+from weightship.logs import configure
 
 
 async def _serve(agent: Agent) -> None:

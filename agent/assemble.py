@@ -23,13 +23,13 @@ from typing import Protocol, TypeVar
 
 from agent.counters import Counters
 from agent.fetcher import Fetcher
-from agent.logs import event
 from agent.retention import Retention
 from agent.staging import Staging
 from agent.store import VersionStore
 from weightship.digests import format_digest, hex_of, sha256_hex
 from weightship.errors import IntegrityError
 from weightship.layout import MANIFEST_FILE, META_DIR
+from weightship.logs import event
 from weightship.manifest import Manifest, parse_manifest
 
 __all__ = ["Assembler", "ManifestSource", "Progress"]

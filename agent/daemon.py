@@ -36,13 +36,13 @@ from agent.durable import atomic_write
 from agent.epochs import EpochBook
 from agent.fetcher import Fetcher
 from agent.localapi import LocalAPI
-from agent.logs import event
 from agent.rangeclient import RangeClient
 from agent.reconcile import Reconciler
 from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
 from weightship.errors import AuthError, ForbiddenError, NotFoundError, WeightshipError
+from weightship.logs import event
 from weightship.schemas import (
     DeploymentState,
     NodeHealth,

@@ -28,11 +28,11 @@ from typing import Protocol
 
 from agent.backoff import Backoff
 from agent.counters import Counters
-from agent.logs import event
 from agent.rangeclient import RangeClient, UrlRejected
 from agent.staging import ChunkJob, Staging
 from agent.store import LocalChunk
 from weightship.errors import DiskFullError, IntegrityError, StoreError, TemporaryError, WeightshipError
+from weightship.logs import event
 from weightship.schemas import BlobURL
 
 __all__ = ["BlobURLSource", "Fetcher"]

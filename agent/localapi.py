@@ -25,9 +25,9 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from agent.logs import event
 from agent.serving import Serving
 from weightship.errors import ValidationError
+from weightship.logs import event
 from weightship.schemas import ErrorBody, ErrorDetail, NodeHeartbeat, ValidationReport
 
 __all__ = ["MAX_WAIT_SECONDS", "LocalAPI"]

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from agent.assemble import Assembler, Progress
 from agent.backoff import Backoff
 from agent.epochs import EpochBook, StaleEpochError
-from agent.logs import event
 from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
 from weightship.errors import WeightshipError
+from weightship.logs import event
 from weightship.schemas import DesiredState, VersionInventory, VersionState
 
 __all__ = ["Reconciler", "Target"]

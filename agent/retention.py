@@ -21,9 +21,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.logs import event
 from agent.store import VersionStore
 from weightship.errors import DiskFullError
+from weightship.logs import event
 
 __all__ = ["Candidate", "Retention", "choose_eviction", "human"]
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.durable import atomic_write, disk_full_as_ours, fsync_dir
-from agent.logs import event
 from agent.verifier import read_matches, verify_chunk
 from weightship.digests import hex_of
 from weightship.layout import MANIFEST_FILE, META_DIR, VERIFIED_FILE, write_verification
+from weightship.logs import event
 from weightship.manifest import Manifest, check_relative_path
 
 __all__ = ["ChunkJob", "Placement", "Staging"]

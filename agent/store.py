@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 from agent.durable import atomic_symlink, atomic_write, fsync_dir
-from agent.logs import event
 from agent.verifier import check_version_dir
 from weightship.digests import format_digest, hex_of, is_hex
 from weightship.errors import NotFoundError, WeightshipError
 from weightship.layout import version_dir
+from weightship.logs import event
 from weightship.manifest import Manifest, check_model_name
 
 __all__ = ["LocalChunk", "VersionStore"]

@@ -45,15 +45,23 @@ class LocalAgent:
     ) -> httpx.Response:
         headers = {"content-type": "application/json"} if body is not None else None
         try:
-            response = await self._client.request(method, path, timeout=seconds, params=params, content=body, headers=headers)
+            response = await self._client.request(
+                method, path, timeout=seconds, params=params, content=body, headers=headers
+            )
         except httpx.HTTPError as exc:
-            raise AgentUnavailableError(f"agent at {self.address} did not answer {method} {path}: {exc!r}", delay=1.0) from None
+            raise AgentUnavailableError(
+                f"agent at {self.address} did not answer {method} {path}: {exc!r}", delay=1.0
+            ) from None
         if response.status_code == 404:
             raise NotFoundError(f"agent at {self.address}: {method} {path} -> 404 {response.text[:200]}")
         if 400 <= response.status_code < 500:
-            raise ValidationError(f"agent at {self.address} refused {method} {path}: {response.status_code} {response.text[:200]}")
+            raise ValidationError(
+                f"agent at {self.address} refused {method} {path}: {response.status_code} {response.text[:200]}"
+            )
         if response.status_code >= 500:
-            raise AgentUnavailableError(f"agent at {self.address}: {method} {path} -> {response.status_code}", delay=2.0)
+            raise AgentUnavailableError(
+                f"agent at {self.address}: {method} {path} -> {response.status_code}", delay=2.0
+            )
         return response
 
     async def deployment(self, name: str) -> LocalDeployment:
@@ -64,7 +72,9 @@ class LocalAgent:
     async def wait(self, name: str, after_epoch: int, seconds: float) -> LocalDeployment | None:
         """The deployment once its epoch exceeds ``after_epoch``; ``None`` if ``seconds`` pass first."""
         response = await self._request(
-            "GET", f"/local/v1/deployments/{name}/wait", params={"after_epoch": after_epoch, "timeout": seconds},
+            "GET",
+            f"/local/v1/deployments/{name}/wait",
+            params={"after_epoch": after_epoch, "timeout": seconds},
             seconds=seconds + 10.0,
         )
         if response.status_code == 204:
@@ -91,11 +101,14 @@ def validation_report(
     """The report of one load and validation (``error``: the load itself failed)."""
     checks: list[ValidationCheck] = []
     if stats is not None:
-        checks.append(ValidationCheck(
-            name="load", passed=True,
-            detail=f"{stats.tensors} tensors, {stats.bytes_read} bytes read in {stats.seconds:.3f}s "
-            f"({stats.gbps:.2f} GB/s) onto {stats.device}, verify={stats.verify}",
-        ))
+        checks.append(
+            ValidationCheck(
+                name="load",
+                passed=True,
+                detail=f"{stats.tensors} tensors, {stats.bytes_read} bytes read in {stats.seconds:.3f}s "
+                f"({stats.gbps:.2f} GB/s) onto {stats.device}, verify={stats.verify}",
+            )
+        )
     if error is not None:
         checks.append(ValidationCheck(name="load", passed=False, detail=error[:2000]))
     if outcome is not None:

@@ -26,8 +26,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_loader.logs import log_event
 from weightship.digests import hex_of
+from weightship.logs import event
 
 __all__ = ["ChecksumRecord", "ChecksumStore", "Identity", "default_checksum_dir"]
 
@@ -108,7 +108,7 @@ class ChecksumStore:
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log_event(_log, logging.WARNING, "checksums.unreadable", digest=digest, error=exc)
+            event(_log, "checksums.unreadable", logging.WARNING, digest=digest, error=exc)
         return record
 
     def write(self, record: ChecksumRecord) -> bool:
@@ -124,7 +124,7 @@ class ChecksumStore:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as exc:
-            log_event(_log, logging.WARNING, "checksums.unwritable", directory=self.directory, error=exc)
+            event(_log, "checksums.unwritable", logging.WARNING, directory=self.directory, error=exc)
             return False
         record.changed = False
         return True

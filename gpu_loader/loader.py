@@ -34,7 +34,6 @@ from torch import nn
 from gpu_loader.checksums import ChecksumStore
 from gpu_loader.dtypes import cast_target, check_cast_target, torch_dtype
 from gpu_loader.errors import TensorMismatchError
-from gpu_loader.logs import log_event
 from gpu_loader.pipeline import CheckPolicy, Pipeline
 from gpu_loader.plan import LoadPlan, TensorSlot, make_plan
 from gpu_loader.sharding import ShardSpec
@@ -42,6 +41,7 @@ from gpu_loader.staging import StagingRing
 from gpu_loader.targets import CpuTarget, CudaTarget, MappedTarget, Target
 from gpu_loader.version import OpenFile, Version, open_version
 from weightship.errors import ValidationError
+from weightship.logs import event
 from weightship.manifest import FileEntry, Manifest
 from weightship.safetensors_header import TensorInfo
 
@@ -196,9 +196,17 @@ class LoadSession:
             chunks_crc32=counters.chunks_crc32,
             seconds=time.perf_counter() - self._started,
         )
-        log_event(
-            _log, logging.INFO, "load.done", digest=self.version.digest, device=self.device, verify=self.verify,
-            tensors=self.stats.tensors, bytes_read=self.stats.bytes_read, seconds=self.stats.seconds, gbps=self.stats.gbps,
+        event(
+            _log,
+            "load.done",
+            logging.INFO,
+            digest=self.version.digest,
+            device=self.device,
+            verify=self.verify,
+            tensors=self.stats.tensors,
+            bytes_read=self.stats.bytes_read,
+            seconds=self.stats.seconds,
+            gbps=self.stats.gbps,
         )
 
     def close(self) -> None:
@@ -293,7 +301,14 @@ class Loader:
     ) -> LoadResult:
         """Load tensors of a version onto ``device``; all verified, or an error and nothing."""
         session = self.session(
-            directory, manifest=manifest, digest=digest, device=device, dtype=dtype, verify=verify, shard=shard, names=names
+            directory,
+            manifest=manifest,
+            digest=digest,
+            device=device,
+            dtype=dtype,
+            verify=verify,
+            shard=shard,
+            names=names,
         )
         tensors = dict(session)
         assert session.stats is not None
@@ -353,7 +368,9 @@ class Loader:
     def __enter__(self) -> Loader:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -423,7 +440,14 @@ def load_state_dict(
     """Load a version's tensors onto ``device`` and return the state dict (see ``Loader.load``)."""
     with Loader(options) as loader:
         return loader.load(
-            directory, manifest=manifest, digest=digest, device=device, dtype=dtype, verify=verify, shard=shard, names=names
+            directory,
+            manifest=manifest,
+            digest=digest,
+            device=device,
+            dtype=dtype,
+            verify=verify,
+            shard=shard,
+            names=names,
         ).tensors
 
 
@@ -443,6 +467,13 @@ def load_into_module(
     """Load a version into ``module`` and return the load's statistics (see ``Loader.load_into``)."""
     with Loader(options) as loader:
         return loader.load_into(
-            module, directory, manifest=manifest, digest=digest, device=device, dtype=dtype, verify=verify, shard=shard,
+            module,
+            directory,
+            manifest=manifest,
+            digest=digest,
+            device=device,
+            dtype=dtype,
+            verify=verify,
+            shard=shard,
             strict=strict,
         ).stats

@@ -20,19 +20,32 @@ class ServeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("weightship_serve_requests", "Inference requests, by HTTP status code", ["code"], registry=r)
-        self.errors = Counter("weightship_serve_request_errors", "Inference requests that failed on the server side", registry=r)
+        self.requests = Counter(
+            "weightship_serve_requests", "Inference requests, by HTTP status code", ["code"], registry=r
+        )
+        self.errors = Counter(
+            "weightship_serve_request_errors", "Inference requests that failed on the server side", registry=r
+        )
         self.latency = Histogram(
             "weightship_serve_request_seconds", "Inference request latency", buckets=LATENCY_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("weightship_serve_queue_depth", "Inference requests waiting for a worker", registry=r)
         self.inflight = Gauge("weightship_serve_inflight_requests", "Inference requests being computed", registry=r)
-        self.load_seconds = Gauge("weightship_serve_load_seconds", "Seconds the load of a version took", ["digest"], registry=r)
-        self.load_gbps = Gauge("weightship_serve_load_gbps", "GB/s read while loading a version", ["digest"], registry=r)
-        self.validation = Gauge(
-            "weightship_serve_validation_passed", "1 if a version passed load and validation, 0 if it failed", ["digest"], registry=r
+        self.load_seconds = Gauge(
+            "weightship_serve_load_seconds", "Seconds the load of a version took", ["digest"], registry=r
         )
-        self.version = Gauge("weightship_serve_version_info", "1 for the version being served", ["digest", "epoch"], registry=r)
+        self.load_gbps = Gauge(
+            "weightship_serve_load_gbps", "GB/s read while loading a version", ["digest"], registry=r
+        )
+        self.validation = Gauge(
+            "weightship_serve_validation_passed",
+            "1 if a version passed load and validation, 0 if it failed",
+            ["digest"],
+            registry=r,
+        )
+        self.version = Gauge(
+            "weightship_serve_version_info", "1 for the version being served", ["digest", "epoch"], registry=r
+        )
         self.ready = Gauge("weightship_serve_ready", "1 while a validated version is being served", registry=r)
         self.swaps = Counter("weightship_serve_swaps", "Switches from one served version to another", registry=r)
 

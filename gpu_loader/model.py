@@ -65,7 +65,9 @@ class LlamaConfig:
         if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:
             raise TensorMismatchError("config.json: heads must divide hidden_size and kv heads must divide heads")
         if config.torch_dtype not in _DTYPES:
-            raise TensorMismatchError(f"config.json: torch_dtype {config.torch_dtype!r} is not one of {sorted(_DTYPES)}")
+            raise TensorMismatchError(
+                f"config.json: torch_dtype {config.torch_dtype!r} is not one of {sorted(_DTYPES)}"
+            )
         return config
 
     def to_json(self) -> dict[str, Any]:
@@ -87,17 +89,19 @@ class LlamaConfig:
         shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab_size, h)}
         for layer in range(self.num_hidden_layers):
             p = f"model.layers.{layer}."
-            shapes.update({
-                p + "input_layernorm.weight": (h,),
-                p + "self_attn.q_proj.weight": (h, h),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, h),
-                p + "post_attention_layernorm.weight": (h,),
-                p + "mlp.gate_proj.weight": (i, h),
-                p + "mlp.up_proj.weight": (i, h),
-                p + "mlp.down_proj.weight": (h, i),
-            })
+            shapes.update(
+                {
+                    p + "input_layernorm.weight": (h,),
+                    p + "self_attn.q_proj.weight": (h, h),
+                    p + "self_attn.k_proj.weight": (kv, h),
+                    p + "self_attn.v_proj.weight": (kv, h),
+                    p + "self_attn.o_proj.weight": (h, h),
+                    p + "post_attention_layernorm.weight": (h,),
+                    p + "mlp.gate_proj.weight": (i, h),
+                    p + "mlp.up_proj.weight": (i, h),
+                    p + "mlp.down_proj.weight": (h, i),
+                }
+            )
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab_size, h)
         return shapes
@@ -213,7 +217,9 @@ class LlamaForCausalLM(nn.Module):
 
     def _rope(self, seq: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, device=device, dtype=torch.float32) / c.head_dim))
+        inv_freq = 1.0 / (
+            c.rope_theta ** (torch.arange(0, c.head_dim, 2, device=device, dtype=torch.float32) / c.head_dim)
+        )
         freqs = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -230,10 +236,11 @@ class LlamaForCausalLM(nn.Module):
         return logits.float()
 
 
-def build_model(config: LlamaConfig, device: str | torch.device = "meta", dtype: torch.dtype | None = None) -> LlamaForCausalLM:
+def build_model(
+    config: LlamaConfig, device: str | torch.device = "meta", dtype: torch.dtype | None = None
+) -> LlamaForCausalLM:
     """A model with uninitialised weights (on ``meta`` by default, to be filled by ``load_into``)."""
     with torch.device(device):
         model = LlamaForCausalLM(config)
     model.to(dtype or config.dtype)
     return model.eval().requires_grad_(False)
-

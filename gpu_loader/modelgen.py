@@ -81,7 +81,11 @@ def config_for_size(size_mb: float, dtype: str = "bfloat16") -> LlamaConfig:
     _min, hidden, inter, heads, kv_heads, vocab = next(p for p in _PRESETS if size_mb >= p[0])
     base = LlamaConfig(vocab, hidden, inter, 0, heads, kv_heads, torch_dtype=dtype)
     itemsize = base.dtype.itemsize
-    per_layer = sum(math.prod(s) for n, s in LlamaConfig(vocab, hidden, inter, 1, heads, kv_heads).tensor_shapes().items() if ".layers." in n)
+    per_layer = sum(
+        math.prod(s)
+        for n, s in LlamaConfig(vocab, hidden, inter, 1, heads, kv_heads).tensor_shapes().items()
+        if ".layers." in n
+    )
     fixed = (2 * vocab * hidden + hidden) * itemsize
     layers = max(1, round((size_mb * _MIB - fixed) / (per_layer * itemsize)))
     return LlamaConfig(vocab, hidden, inter, layers, heads, kv_heads, torch_dtype=dtype)
@@ -189,7 +193,10 @@ def generate(
             save_file(part, str(root / shard_name), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(part, shard_name))
             files.append(shard_name)
-        index_doc = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict(sorted(weight_map.items()))}
+        index_doc = {
+            "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
         (root / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
         files.append("model.safetensors.index.json")
     weight_bytes = sum(t.nbytes for t in tensors.values())
@@ -209,8 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         made = generate(
-            args.directory, size_mb=args.size_mb, seed=args.seed, shards=args.shards, dtype=args.dtype,
-            variant=args.variant, corrupt=args.corrupt,
+            args.directory,
+            size_mb=args.size_mb,
+            seed=args.seed,
+            shards=args.shards,
+            dtype=args.dtype,
+            variant=args.variant,
+            corrupt=args.corrupt,
         )
     except ValueError as exc:
         print(f"modelgen: {exc}", file=sys.stderr)

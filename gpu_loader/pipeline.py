@@ -138,7 +138,9 @@ class Pipeline:
                     slot = tracker.ready.get(timeout=1.0)
                 except queue.Empty:
                     if self._stalled(threads):
-                        self._fail(RuntimeError("gpu_loader internal error: readers finished but tensors are incomplete"))
+                        self._fail(
+                            RuntimeError("gpu_loader internal error: readers finished but tensors are incomplete")
+                        )
                     continue
                 if slot is None:
                     break

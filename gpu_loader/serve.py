@@ -44,10 +44,10 @@ from aiohttp import web
 
 from gpu_loader.agent_api import LocalAgent, validation_report
 from gpu_loader.loader import Loader, LoadOptions, VerifyMode
-from gpu_loader.logs import log_event
 from gpu_loader.metrics import ServeMetrics
 from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens, prepare
 from weightship.errors import WeightshipError
+from weightship.logs import event
 
 __all__ = ["ServeConfig", "Server", "main"]
 
@@ -112,7 +112,9 @@ class Server:
             served = self.slot.acquire()
             if served is None:
                 code = 503
-                return web.json_response({"error": {"code": "not_ready", "message": "no validated version is loaded yet"}}, status=503)
+                return web.json_response(
+                    {"error": {"code": "not_ready", "message": "no validated version is loaded yet"}}, status=503
+                )
             try:
                 _check_vocab(served, prompts, new_tokens)
                 self.metrics.queue_depth.inc()
@@ -127,7 +129,7 @@ class Server:
         except Exception as exc:
             code = 500
             self.metrics.errors.inc()
-            log_event(_log, logging.ERROR, "serve.request_failed", error=repr(exc))
+            event(_log, "serve.request_failed", logging.ERROR, error=repr(exc))
             return web.json_response({"error": {"code": "internal", "message": repr(exc)}}, status=500)
         finally:
             self.metrics.requests.labels(code=str(code)).inc()
@@ -150,11 +152,23 @@ class Server:
                 "digest": served.digest,
                 "epoch": served.epoch,
                 "directory": str(served.directory),
-                "load": {"seconds": served.stats.seconds, "gbps": served.stats.gbps, "bytes_read": served.stats.bytes_read,
-                         "verify": served.stats.verify, "device": served.stats.device},
+                "load": {
+                    "seconds": served.stats.seconds,
+                    "gbps": served.stats.gbps,
+                    "bytes_read": served.stats.bytes_read,
+                    "verify": served.stats.verify,
+                    "device": served.stats.device,
+                },
                 "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in served.outcome.checks],
                 "tensor_stats": [
-                    {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "mean": s.mean, "std": s.std, "absmax": s.absmax}
+                    {
+                        "name": s.name,
+                        "dtype": s.dtype,
+                        "shape": list(s.shape),
+                        "mean": s.mean,
+                        "std": s.std,
+                        "absmax": s.absmax,
+                    }
                     for s in served.outcome.stats
                 ],
             }
@@ -163,7 +177,10 @@ class Server:
             body["last_failure"] = {
                 "digest": failure.digest,
                 "error": failure.error,
-                "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in (failure.outcome.checks if failure.outcome else [])],
+                "checks": [
+                    {"name": c.name, "passed": c.passed, "detail": c.detail}
+                    for c in (failure.outcome.checks if failure.outcome else [])
+                ],
             }
         return web.json_response(body)
 
@@ -183,11 +200,14 @@ class Server:
 
     async def install(self, directory: Path, digest: str | None, epoch: int) -> Prepared:
         """Load and validate a version (in a worker thread) and, if it passes, swap it in."""
-        log_event(_log, logging.INFO, "serve.loading", digest=digest or "-", epoch=epoch, directory=directory)
+        event(_log, "serve.loading", logging.INFO, digest=digest or "-", epoch=epoch, directory=directory)
         loop = asyncio.get_running_loop()
         c = self.config
         prepared = await loop.run_in_executor(
-            self._load, lambda: prepare(self.loader, directory, digest=digest, epoch=epoch, device=c.device, dtype=c.dtype, verify=c.verify)
+            self._load,
+            lambda: prepare(
+                self.loader, directory, digest=digest, epoch=epoch, device=c.device, dtype=c.dtype, verify=c.verify
+            ),
         )
         if prepared.stats is not None:
             self.metrics.load_seconds.labels(digest=prepared.digest).set(prepared.stats.seconds)
@@ -195,8 +215,15 @@ class Server:
         self.metrics.validation.labels(digest=prepared.digest).set(1 if prepared.passed else 0)
         if prepared.served is None:
             self.last_failure = prepared
-            log_event(_log, logging.WARNING, "serve.version_refused", digest=prepared.digest, epoch=epoch, error=prepared.error or "-",
-                      failed=",".join(c.name for c in prepared.outcome.failures()) if prepared.outcome else "load")
+            event(
+                _log,
+                "serve.version_refused",
+                logging.WARNING,
+                digest=prepared.digest,
+                epoch=epoch,
+                error=prepared.error or "-",
+                failed=",".join(c.name for c in prepared.outcome.failures()) if prepared.outcome else "load",
+            )
             return prepared
         old = self.slot.swap(prepared.served)
         self.metrics.ready.set(1)
@@ -208,8 +235,15 @@ class Server:
             task = asyncio.create_task(self._retire(old))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
-        log_event(_log, logging.INFO, "serve.serving", digest=prepared.digest, epoch=epoch,
-                  load_seconds=prepared.served.stats.seconds, gbps=prepared.served.stats.gbps)
+        event(
+            _log,
+            "serve.serving",
+            logging.INFO,
+            digest=prepared.digest,
+            epoch=epoch,
+            load_seconds=prepared.served.stats.seconds,
+            gbps=prepared.served.stats.gbps,
+        )
         return prepared
 
     async def _retire(self, old: ServedModel) -> None:
@@ -218,7 +252,7 @@ class Server:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        log_event(_log, logging.INFO, "serve.retired", digest=old.digest, drained=drained)
+        event(_log, "serve.retired", logging.INFO, digest=old.digest, drained=drained)
 
     async def follow(self, agent: LocalAgent) -> None:
         """Serve what the agent says, forever: long-poll each epoch after the one applied.
@@ -233,7 +267,14 @@ class Server:
                 waited = await agent.wait(name, epoch, self.config.poll_seconds)
                 backoff = 0.5
             except WeightshipError as exc:
-                log_event(_log, logging.WARNING, "serve.agent_unavailable", agent=agent.address, error=exc.message, retry_in=backoff)
+                event(
+                    _log,
+                    "serve.agent_unavailable",
+                    logging.WARNING,
+                    agent=agent.address,
+                    error=exc.message,
+                    retry_in=backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(10.0, backoff * 2)
                 continue
@@ -244,7 +285,7 @@ class Server:
                 continue  # not newer than the pointer already applied: ignore it
             if deployment.digest is None or deployment.path is None or not deployment.ready:
                 # The agent answers a wait only once the version is ready; be patient if not.
-                log_event(_log, logging.INFO, "serve.nothing_to_load", epoch=deployment.epoch, ready=deployment.ready)
+                event(_log, "serve.nothing_to_load", logging.INFO, epoch=deployment.epoch, ready=deployment.ready)
                 await asyncio.sleep(1.0)
                 continue
             epoch = deployment.epoch
@@ -256,11 +297,13 @@ class Server:
                 self.metrics.version.labels(digest=current.digest, epoch=str(epoch)).set(1)
                 continue
             prepared = await self.install(Path(deployment.path), deployment.digest, epoch)
-            report = validation_report(name, deployment.digest, outcome=prepared.outcome, stats=prepared.stats, error=prepared.error)
+            report = validation_report(
+                name, deployment.digest, outcome=prepared.outcome, stats=prepared.stats, error=prepared.error
+            )
             try:
                 await agent.report(report)
             except WeightshipError as exc:
-                log_event(_log, logging.WARNING, "serve.report_failed", digest=deployment.digest, error=exc.message)
+                event(_log, "serve.report_failed", logging.WARNING, digest=deployment.digest, error=exc.message)
 
     async def close(self) -> None:
         """Stop workers and free the loader's pinned memory."""
@@ -282,8 +325,12 @@ def _parse_generate(raw: bytes) -> tuple[list[list[int]], int]:
     if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         ids = [ids]
     if (
-        not isinstance(ids, list) or not ids or len(ids) > MAX_BATCH
-        or not all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in ids)
+        not isinstance(ids, list)
+        or not ids
+        or len(ids) > MAX_BATCH
+        or not all(
+            isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in ids
+        )
         or len({len(p) for p in ids}) != 1
     ):
         raise _BadRequest(f"input_ids must be 1 to {MAX_BATCH} non-empty lists of token ids, all of the same length")
@@ -309,7 +356,7 @@ async def _run(config: ServeConfig) -> int:
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     port = runner.addresses[0][1] if runner.addresses else config.port
-    log_event(_log, logging.INFO, "serve.listening", host=config.host, port=port, deployment=config.deployment)
+    event(_log, "serve.listening", logging.INFO, host=config.host, port=port, deployment=config.deployment)
     if config.port_file is not None:
         config.port_file.write_text(str(port), encoding="utf-8")
     stop = asyncio.Event()
@@ -345,7 +392,9 @@ async def _run(config: ServeConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``weightship-serve``."""
-    parser = argparse.ArgumentParser(prog="weightship-serve", description="Reference model server for weightship versions.")
+    parser = argparse.ArgumentParser(
+        prog="weightship-serve", description="Reference model server for weightship versions."
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--agent", help="agent local API: http://127.0.0.1:PORT or unix:/path/agent.sock")
     source.add_argument("--version-dir", type=Path, help="serve this version directory, without an agent")
@@ -361,12 +410,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checksum-dir", type=Path, help="where verify=fast keeps its CRC32 records")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per long-poll is noise
     config = ServeConfig(
-        deployment=args.deployment, agent=args.agent, version_dir=args.version_dir, host=args.host, port=args.port,
-        port_file=args.port_file, device=args.device, dtype=_DTYPES[args.dtype], verify=args.verify, workers=args.workers,
-        poll_seconds=args.poll_seconds, checksum_dir=args.checksum_dir,
+        deployment=args.deployment,
+        agent=args.agent,
+        version_dir=args.version_dir,
+        host=args.host,
+        port=args.port,
+        port_file=args.port_file,
+        device=args.device,
+        dtype=_DTYPES[args.dtype],
+        verify=args.verify,
+        workers=args.workers,
+        poll_seconds=args.poll_seconds,
+        checksum_dir=args.checksum_dir,
     )
     return asyncio.run(_run(config))
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 
 from gpu_loader.loader import Loader, LoadStats, VerifyMode
-from gpu_loader.logs import log_event
 from gpu_loader.model import LlamaConfig, LlamaForCausalLM, build_model
 from gpu_loader.validation import ValidationOutcome, validate
 from gpu_loader.version import open_version
 from weightship.errors import WeightshipError
+from weightship.logs import event
 
 __all__ = ["ModelSlot", "Prepared", "ServedModel", "generate_tokens", "prepare"]
 
@@ -114,10 +114,12 @@ def prepare(
         label = version.digest
         config = LlamaConfig.from_json(version.read_file("config.json"))
         model = build_model(config, dtype=dtype)
-        stats = loader.load_into(model, directory, manifest=version.manifest, device=device, dtype=dtype, verify=verify).stats
+        stats = loader.load_into(
+            model, directory, manifest=version.manifest, device=device, dtype=dtype, verify=verify
+        ).stats
         outcome = validate(model, version)
     except WeightshipError as exc:
-        log_event(_log, logging.WARNING, "serve.load_failed", digest=label, error=exc.message)
+        event(_log, "serve.load_failed", logging.WARNING, digest=label, error=exc.message)
         return Prepared(label, None, stats, None, f"{type(exc).__name__}: {exc.message}")
     if not outcome.passed:
         return Prepared(label, None, stats, outcome, None)

@@ -138,7 +138,9 @@ class CpuTarget(Target):
         """Views of the arena where pieces land, fresh scratch where they are only hashed."""
         arena = self._memory[file]
         views = [
-            arena[p.arena_offset : p.arena_offset + p.length] if p.arena_offset is not None else memoryview(bytearray(p.length))
+            arena[p.arena_offset : p.arena_offset + p.length]
+            if p.arena_offset is not None
+            else memoryview(bytearray(p.length))
             for p in block.pieces
         ]
         return ReadBuffer(views=views, release=_noop)
@@ -164,7 +166,9 @@ class CudaTarget(Target):
         if staging is None:
             return None
         ring = self._ring
-        return ReadBuffer(views=[staging.memory[: block.length]], release=lambda: ring.release(staging), staging=staging)
+        return ReadBuffer(
+            views=[staging.memory[: block.length]], release=lambda: ring.release(staging), staging=staging
+        )
 
     def after_read(self, reader: int, file: int, block: Block, buf: ReadBuffer) -> torch.cuda.Event | None:
         """Queue the piece copies on this reader's stream; the event also guards the buffer."""
@@ -203,13 +207,18 @@ class MappedTarget(Target):
 
     def __init__(self, plan: LoadPlan, files: Sequence[OpenFile]) -> None:
         self._maps = [
-            mmap.mmap(f.fd, f.entry.size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE) if f.entry.size else None
+            mmap.mmap(f.fd, f.entry.size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            if f.entry.size
+            else None
             for f in files
         ]
         # The tensors keep the mappings alive; writes to them (copy-on-write) never reach the file.
         super().__init__(
             torch.device("cpu"),
-            [torch.frombuffer(m, dtype=torch.uint8) if m is not None else torch.empty(0, dtype=torch.uint8) for m in self._maps],
+            [
+                torch.frombuffer(m, dtype=torch.uint8) if m is not None else torch.empty(0, dtype=torch.uint8)
+                for m in self._maps
+            ],
         )
         self._memory = [memoryview(m) if m is not None else memoryview(b"") for m in self._maps]
 

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from gpu_loader.golden import GOLDEN_FILE, check_golden, parse_golden
-from gpu_loader.logs import log_event
 from gpu_loader.version import Version
+from weightship.logs import event
 
 __all__ = ["Check", "TensorStats", "ValidationOutcome", "finite_check", "tensor_stats", "validate", "weights_check"]
 
@@ -78,7 +78,9 @@ class ValidationOutcome:
 
 
 def _stats(name: str, tensor: torch.Tensor) -> TensorStats:
-    rows = tensor.detach().reshape(tensor.shape[0] if tensor.dim() else 1, -1) if tensor.numel() else tensor.reshape(0, 1)
+    rows = (
+        tensor.detach().reshape(tensor.shape[0] if tensor.dim() else 1, -1) if tensor.numel() else tensor.reshape(0, 1)
+    )
     count = 0
     s1 = s2 = absmax = 0.0
     nonfinite = 0
@@ -98,7 +100,9 @@ def _stats(name: str, tensor: torch.Tensor) -> TensorStats:
         s2 += float(norm) ** 2
     mean = s1 / count if count else 0.0
     std = math.sqrt(max(0.0, s2 / count - mean * mean)) if count else 0.0
-    return TensorStats(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), mean, std, absmax, nonfinite)
+    return TensorStats(
+        name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), mean, std, absmax, nonfinite
+    )
 
 
 def tensor_stats(tensors: Mapping[str, torch.Tensor]) -> list[TensorStats]:
@@ -121,7 +125,9 @@ def finite_check(stats: list[TensorStats]) -> Check:
 
 def weights_check(stats: list[TensorStats]) -> Check:
     """Fails when a weight matrix is all zeros; otherwise summarises the statistics."""
-    zeros = [s.name for s in stats if len(s.shape) >= 2 and math.prod(s.shape) > 1 and s.absmax == 0.0 and not s.nonfinite]
+    zeros = [
+        s.name for s in stats if len(s.shape) >= 2 and math.prod(s.shape) > 1 and s.absmax == 0.0 and not s.nonfinite
+    ]
     if zeros:
         return Check("weights", False, f"weight matrices that are all zeros: {zeros[:3]}")
     top = max(stats, key=lambda s: s.absmax, default=None)
@@ -147,8 +153,13 @@ def validate(model: nn.Module, version: Version) -> ValidationOutcome:
     except Exception as exc:  # a malformed golden file or a model that cannot run is a failed check
         checks.append(Check("golden", False, f"{type(exc).__name__}: {exc}"))
     outcome = ValidationOutcome(checks=checks, stats=stats, seconds=time.perf_counter() - started)
-    log_event(
-        _log, logging.INFO if outcome.passed else logging.WARNING, "validation.done", digest=version.digest,
-        passed=outcome.passed, failed=",".join(c.name for c in outcome.failures()) or "-", seconds=outcome.seconds,
+    event(
+        _log,
+        "validation.done",
+        logging.INFO if outcome.passed else logging.WARNING,
+        digest=version.digest,
+        passed=outcome.passed,
+        failed=",".join(c.name for c in outcome.failures()) or "-",
+        seconds=outcome.seconds,
     )
     return outcome

@@ -69,7 +69,9 @@ class Version:
         except KeyError:
             raise NotFoundError(f"{path!r} is not part of version {self.digest} ({self.directory})") from None
         if entry.size > MAX_SIDE_FILE:
-            raise FileMismatchError(f"{path!r} is {entry.size} bytes; side files are read whole, at most {MAX_SIDE_FILE}")
+            raise FileMismatchError(
+                f"{path!r} is {entry.size} bytes; side files are read whole, at most {MAX_SIDE_FILE}"
+            )
         try:
             data = (self.directory / path).read_bytes()
         except FileNotFoundError:
@@ -90,7 +92,9 @@ class Version:
         first) when there is one; else ``model.safetensors``; else every root-level safetensors file.
         """
         root = [f for f in self.manifest.files if "/" not in f.path]
-        indexes = sorted((f.path for f in root if f.path.endswith(_INDEX_SUFFIX)), key=lambda p: p != "model" + _INDEX_SUFFIX)
+        indexes = sorted(
+            (f.path for f in root if f.path.endswith(_INDEX_SUFFIX)), key=lambda p: p != "model" + _INDEX_SUFFIX
+        )
         if indexes:
             return self._indexed(indexes[0])
         safetensors = [f for f in root if f.safetensors is not None]
@@ -105,7 +109,9 @@ class Version:
             weight_map = json.loads(self.read_file(index_path))["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise ManifestError(f"{index_path}: not a sharded-safetensors index (needs a 'weight_map' object)") from None
+            raise ManifestError(
+                f"{index_path}: not a sharded-safetensors index (needs a 'weight_map' object)"
+            ) from None
         entries: list[FileEntry] = []
         for shard in shards:
             try:
@@ -153,7 +159,9 @@ class Version:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
-            raise FileMismatchError(f"{entry.path!r} is missing from {self.directory}: re-fetch {self.digest}") from None
+            raise FileMismatchError(
+                f"{entry.path!r} is missing from {self.directory}: re-fetch {self.digest}"
+            ) from None
         try:
             st = os.fstat(fd)
             if st.st_size != entry.size:
@@ -193,7 +201,9 @@ def _check_header(fd: int, entry: FileEntry, expected: SafetensorsHeader) -> Non
     for tensor in expected.tensors:
         found = on_disk.get(tensor.name)
         if found != tensor:
-            what = "is missing" if found is None else f"is {found.dtype}{list(found.shape)} at {[found.begin, found.end]}"
+            what = (
+                "is missing" if found is None else f"is {found.dtype}{list(found.shape)} at {[found.begin, found.end]}"
+            )
             raise FileMismatchError(
                 f"tensor {tensor.name!r} in {entry.path!r} {what} on disk, but the manifest says "
                 f"{tensor.dtype}{list(tensor.shape)} at {[tensor.begin, tensor.end]}: header and manifest disagree"
@@ -226,7 +236,11 @@ def _same_header(raw: bytes, expected: SafetensorsHeader) -> bool:
         doc = json.loads(raw.decode("utf-8"), parse_float=_no_float)
     except ValueError:  # not UTF-8 or JSON, or a float literal
         return False
-    if not isinstance(doc, dict) or doc.pop("__metadata__", {}) != expected.metadata or len(doc) != len(expected.tensors):
+    if (
+        not isinstance(doc, dict)
+        or doc.pop("__metadata__", {}) != expected.metadata
+        or len(doc) != len(expected.tensors)
+    ):
         return False
     for t in expected.tensors:
         if doc.get(t.name) != {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.begin, t.end]}:
@@ -234,7 +248,9 @@ def _same_header(raw: bytes, expected: SafetensorsHeader) -> bool:
     return True
 
 
-def open_version(directory: str | os.PathLike[str], manifest: Manifest | None = None, digest: str | None = None) -> Version:
+def open_version(
+    directory: str | os.PathLike[str], manifest: Manifest | None = None, digest: str | None = None
+) -> Version:
     """Open a version directory; ``manifest`` defaults to the one stored in ``.weightship/``.
 
     The stored manifest is checked against ``digest``, or against the directory's name when that

@@ -372,6 +372,8 @@ class NodeInfo(_Schema):
     serving: list[DeploymentState] = Field(default_factory=list)
     counters: NodeCounters = Field(default_factory=NodeCounters)
     health: NodeHealth = Field(default_factory=NodeHealth)
+    validation: list[ValidationReport] = Field(default_factory=list)
+    refused: list[str] = Field(default_factory=list, description="pointer updates the node refused (e.g. lower epoch)")
 
 
 class DesiredDeployment(_Schema):

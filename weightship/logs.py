@@ -1,4 +1,4 @@
-"""Structured logs for the agent: one event name, then ``key=value`` fields.
+"""Structured logs for every component: one event name, then ``key=value`` fields.
 
 Every line the agent logs reads ``<event> key=value key=value``; values with spaces, quotes or
 ``=`` are JSON-quoted so a line always splits back into its fields. Nothing formats state into
@@ -37,11 +37,11 @@ def event(logger: logging.Logger, name: str, level: int = logging.INFO, /, **fie
         logger.log(level, "%s", format_fields(name, fields))
 
 
-def configure(level: str = "info", stream: TextIO | None = None) -> None:
-    """Send the agent's logs to ``stream`` (stderr) as ``time level logger event k=v``."""
+def configure(level: str = "info", stream: TextIO | None = None, root: str = "agent") -> None:
+    """Send the ``root`` logger's logs to ``stream`` (stderr) as ``time level logger event k=v``."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger("agent")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    logger = logging.getLogger(root)
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False
