@@ -45,8 +45,8 @@ from weightship.errors import ManifestError
 from weightship.safetensors_header import (
     SafetensorsHeader,
     TensorInfo,
-    parse_header,
     read_header,
+    validate_header,
 )
 
 __all__ = [
@@ -289,7 +289,7 @@ def _parse_safetensors(doc: Any, size: int, path: str) -> SafetensorsHeader:
         )
         rebuilt[name] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": t["offsets"]}
     rebuilt["__metadata__"] = _str_map(doc["metadata"], f"{path}: metadata")
-    return parse_header(json.dumps(rebuilt).encode(), header_len, size, path)
+    return validate_header(rebuilt, header_len, size, path)
 
 
 def parse_manifest(raw: bytes) -> Manifest:

@@ -25,6 +25,7 @@ __all__ = [
     "TensorInfo",
     "parse_header",
     "read_header",
+    "validate_header",
 ]
 
 #: The safetensors spec caps the header at 100 MB; larger is refused before it is read.
@@ -93,6 +94,12 @@ def parse_header(raw: bytes, header_len: int, file_size: int, where: str) -> Saf
         raise _fail(where, f"header is not UTF-8 JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise _fail(where, "header is not a JSON object")
+    return validate_header(doc, header_len, file_size, where)
+
+
+def validate_header(doc: dict[str, Any], header_len: int, file_size: int, where: str) -> SafetensorsHeader:
+    """Validate a decoded header document (tensor entries plus optional ``__metadata__``)."""
+    doc = dict(doc)
     metadata_raw: Any = doc.pop("__metadata__", {})
     if not isinstance(metadata_raw, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata_raw.items()
