@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,43 @@ def all_serving(procs: Processes, ports: list[int], digest: str) -> bool:
     return all(local_state(p).get("digest") == digest and local_state(p).get("ready") for p in ports)
 
 
+class Traffic:
+    """Inference requests against the model server in a loop, counting failures, until stopped."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.ok = 0
+        self.failed = 0
+        self.digests: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as http:
+            while not self._stop.is_set():
+                try:
+                    r = http.post(self.url + "/v1/generate", json={"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 1})
+                    if r.status_code == 200:
+                        self.ok += 1
+                        self.digests.add(r.json()["digest"])
+                    else:
+                        self.failed += 1
+                except httpx.HTTPError:
+                    self.failed += 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def served_digest(url: str) -> str | None:
+    response = httpx.get(url + "/readyz", timeout=2)
+    return str(response.json().get("digest")) if response.status_code == 200 else None
+
+
 def mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -150,7 +188,9 @@ def main() -> None:
         gen = [PY, "-m", "gpu_loader.modelgen"]
         common = ["--size-mb", str(args.size_mb), "--seed", "7", "--shards", "4"]
         subprocess.run([*gen, str(work / "v1"), *common], check=True, env=env, stdout=subprocess.DEVNULL)
-        subprocess.run([*gen, str(work / "v2"), *common, "--variant", "1"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*gen, str(work / "v2"), *common, "--variant", "1"], check=True, env=env, stdout=subprocess.DEVNULL
+        )
         console.print(f"generated v1 and v2 ({args.size_mb:.0f} MB each, 4 shards) in {time.monotonic() - t0:.1f}s")
 
         # 3. Publish both; v2's unchanged shards are already in the store.
@@ -160,8 +200,16 @@ def main() -> None:
             for label in ("v1", "v2"):
                 r = client.publish_directory(work / label, MODEL, [label])
                 results.append(r)
-                table.add_row(label, r.version.digest[:19], str(r.files), mb(r.bytes_total), mb(r.bytes_uploaded),
-                              mb(r.bytes_deduplicated), f"{r.hash_seconds:.2f}", f"{r.upload_seconds:.2f}")
+                table.add_row(
+                    label,
+                    r.version.digest[:19],
+                    str(r.files),
+                    mb(r.bytes_total),
+                    mb(r.bytes_uploaded),
+                    mb(r.bytes_deduplicated),
+                    f"{r.hash_seconds:.2f}",
+                    f"{r.upload_seconds:.2f}",
+                )
         console.print(table)
         v1, v2 = (r.version.digest for r in results)
 
@@ -171,14 +219,66 @@ def main() -> None:
         ops.set_pointer(DEPLOYMENT, stable="v1", expected_epoch=epoch, reason="first release")
         ports = [free_port() for _ in range(args.agents)]
         for i, port in enumerate(ports):
-            procs.start(f"agent-{i}", [
-                PY, "-m", "agent", "--control-plane", cp_url, "--token", agent_token, "--name", f"node-{i}",
-                "--data-dir", str(work / f"node-{i}"), "--deployment", DEPLOYMENT,
-                "--local-api", f"127.0.0.1:{port}", "--heartbeat-interval", "0.5",
-                "--zone", f"zone-{i % 2}", "--gpu-type", "demo",
-            ], env)
-        took = wait_until(f"{args.agents} agents to fetch, verify and serve v1", lambda: all_serving(procs, ports, v1), timeout=180)
+            procs.start(
+                f"agent-{i}",
+                [
+                    PY,
+                    "-m",
+                    "agent",
+                    "--control-plane",
+                    cp_url,
+                    "--token",
+                    agent_token,
+                    "--name",
+                    f"node-{i}",
+                    "--data-dir",
+                    str(work / f"node-{i}"),
+                    "--deployment",
+                    DEPLOYMENT,
+                    "--local-api",
+                    f"127.0.0.1:{port}",
+                    "--heartbeat-interval",
+                    "0.5",
+                    "--zone",
+                    f"zone-{i % 2}",
+                    "--gpu-type",
+                    "demo",
+                ],
+                env,
+            )
+        took = wait_until(
+            f"{args.agents} agents to fetch, verify and serve v1", lambda: all_serving(procs, ports, v1), timeout=180
+        )
         console.print(f"{args.agents} agents fetched, verified and switched to v1 in {took:.1f}s")
+
+        # A model server beside node-0: loads through gpu_loader, validates, hot-swaps on switches.
+        serve_port = free_port()
+        serve_url = f"http://127.0.0.1:{serve_port}"
+        procs.start(
+            "serve",
+            [
+                PY,
+                "-m",
+                "gpu_loader.serve",
+                "--agent",
+                f"http://127.0.0.1:{ports[0]}",
+                "--deployment",
+                DEPLOYMENT,
+                "--port",
+                str(serve_port),
+                "--device",
+                "cpu",
+                "--verify",
+                "trust",
+            ],
+            env,
+        )
+        took = wait_until(
+            "the model server to load and validate v1", lambda: served_digest(serve_url) == v1, timeout=120
+        )
+        console.print(f"model server on node-0 loaded v1 (verify=trust), passed validation and is ready in {took:.1f}s")
+        traffic = Traffic(serve_url)
+        traffic.start()
 
         def counters() -> dict[str, int]:
             return {n.name: n.counters.bytes_downloaded for n in ops.list_nodes()}
@@ -193,7 +293,9 @@ def main() -> None:
         after_v1 = counters()
 
         # 5. Switch to v2: only the changed shard is downloaded.
-        ops.set_pointer(DEPLOYMENT, stable="v2", expected_epoch=ops.get_deployment(DEPLOYMENT).epoch, reason="new weights")
+        ops.set_pointer(
+            DEPLOYMENT, stable="v2", expected_epoch=ops.get_deployment(DEPLOYMENT).epoch, reason="new weights"
+        )
         took = wait_until("all agents to serve v2", lambda: all_serving(procs, ports, v2), timeout=180)
         wait_until("heartbeats to report v2", lambda: reported(v2))
         after_v2 = counters()
@@ -207,18 +309,30 @@ def main() -> None:
         rollback_all = time.monotonic() - start
         wait_until("heartbeats to report the rollback", lambda: reported(v1))
         after_rb = counters()
+        wait_until("the model server to hot-swap back to v1", lambda: served_digest(serve_url) == v1, timeout=120)
+        traffic.stop()
+        console.print(
+            f"model server: {traffic.ok} requests answered during the switch and the rollback, "
+            f"{traffic.failed} failed, served {len(traffic.digests)} versions"
+        )
 
         table = Table("agent", "v1 download", "v2 switch download", "rollback download")
         for name in sorted(after_rb):
-            table.add_row(name, mb(after_v1[name]), mb(after_v2[name] - after_v1[name]), mb(after_rb[name] - after_v2[name]))
+            table.add_row(
+                name, mb(after_v1[name]), mb(after_v2[name] - after_v1[name]), mb(after_rb[name] - after_v2[name])
+            )
         console.print(table)
         rollback_bytes = sum(after_rb[n] - after_v2[n] for n in after_rb)
-        console.print(f"rollback: API call {rollback_api * 1000:.0f} ms, all {args.agents} agents switched in "
-                      f"{rollback_all * 1000:.0f} ms, {rollback_bytes} bytes downloaded")
+        console.print(
+            f"rollback: API call {rollback_api * 1000:.0f} ms, all {args.agents} agents switched in "
+            f"{rollback_all * 1000:.0f} ms, {rollback_bytes} bytes downloaded"
+        )
 
         history = Table("epoch", "action", "actor", "from", "to", "reason")
         for ev in ops.history(DEPLOYMENT):
-            history.add_row(str(ev.epoch), ev.action, ev.actor, (ev.from_stable or "-")[:19], (ev.to_stable or "-")[:19], ev.reason)
+            history.add_row(
+                str(ev.epoch), ev.action, ev.actor, (ev.from_stable or "-")[:19], (ev.to_stable or "-")[:19], ev.reason
+            )
         console.print(history)
         ops.close()
 
@@ -231,6 +345,8 @@ def main() -> None:
             "rollback_bytes_downloaded": rollback_bytes,
             "rollback_all_switched_seconds": round(rollback_all, 4),
             "v2_switch_bytes_downloaded": sum(after_v2[n] - after_v1[n] for n in after_v2),
+            "serve_requests": traffic.ok + traffic.failed,
+            "serve_failed_requests": traffic.failed,
         }
         print(json.dumps(figures))
     finally:
