@@ -45,6 +45,8 @@ class DeploymentRecord:
     accepted_epoch: int = 0
     applied_epoch: int = 0
     digest: str | None = None
+    #: the digest the pointer at ``accepted_epoch`` named; one epoch names one digest for a node
+    accepted_digest: str | None = None
 
 
 class EpochBook:
@@ -66,9 +68,19 @@ class EpochBook:
         """Every record, by name."""
         return [self._records[n] for n in sorted(self._records)]
 
-    def accept(self, name: str, epoch: int, model: str | None) -> DeploymentRecord:
-        """Accept a pointer at ``epoch`` or raise ``StaleEpochError`` if a higher one was accepted."""
+    def accept(self, name: str, epoch: int, model: str | None, digest: str | None = None) -> DeploymentRecord:
+        """Accept a pointer at ``epoch`` naming ``digest``, or raise ``StaleEpochError``.
+
+        Refused: an epoch lower than one accepted, and the accepted epoch naming another digest
+        (after a restore from backup, one write can reach exactly the epoch agents hold).
+        """
         current = self._records.get(name) or DeploymentRecord(name=name)
+        if epoch == current.accepted_epoch and current.accepted_digest is not None and digest != current.accepted_digest:
+            raise StaleEpochError(
+                f"deployment {name!r}: pointer epoch {epoch} names {digest}, but epoch {epoch} was already "
+                f"accepted naming {current.accepted_digest}; refused (one epoch names one version: a control "
+                "plane restored from an old backup?). See docs/runbooks/bad-node.md"
+            )
         if epoch < current.accepted_epoch:
             raise StaleEpochError(
                 f"deployment {name!r}: pointer epoch {epoch} is lower than epoch {current.accepted_epoch} "
@@ -76,7 +88,7 @@ class EpochBook:
                 "an old backup). The node keeps serving what it serves; see docs/runbooks/bad-node.md"
             )
         if epoch > current.accepted_epoch or model != current.model:
-            current = replace(current, accepted_epoch=epoch, model=model or current.model)
+            current = replace(current, accepted_epoch=epoch, accepted_digest=digest, model=model or current.model)
             self._store(current)
         return current
 
@@ -87,6 +99,7 @@ class EpochBook:
             current,
             model=model or current.model,
             accepted_epoch=max(current.accepted_epoch, epoch),
+            accepted_digest=digest if epoch >= current.accepted_epoch else current.accepted_digest,
             applied_epoch=epoch,
             digest=digest,
         )

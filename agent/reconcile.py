@@ -119,7 +119,7 @@ class Reconciler:
         targets: dict[str, Target] = {}
         for item in desired.deployments:
             try:
-                self.book.accept(item.name, item.epoch, item.model)
+                self.book.accept(item.name, item.epoch, item.model, item.digest)
             except StaleEpochError as exc:
                 self._refuse(item.name, item.epoch, item.digest, exc)
                 if item.name in self._targets:

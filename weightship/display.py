@@ -217,7 +217,9 @@ def nodes_table(nodes: Sequence[NodeInfo], now: datetime | None = None) -> Table
     """``weightship nodes``."""
     now = now or datetime.now(UTC)
     table = Table(
-        "NODE", "ROLE", "PLACE", "GPU", "SEEN", "SERVING", "VERSIONS", "DOWNLOADED", title="nodes", title_justify="left"
+        "NODE", "ROLE", "PLACE", "GPU", "SEEN", "SERVING", "VERSIONS", "DOWNLOADED", "PROBLEMS",
+        title="nodes",
+        title_justify="left",
     )
     for n in sorted(nodes, key=lambda n: n.name):
         place = "/".join((n.labels.region, n.labels.cluster, n.labels.zone, n.labels.rack))
@@ -238,8 +240,17 @@ def nodes_table(nodes: Sequence[NodeInfo], now: datetime | None = None) -> Table
             serving,
             versions,
             human_bytes(n.counters.bytes_downloaded),
+            _problems(n),
         )
     return table
+
+
+def _problems(node: NodeInfo) -> Text:
+    """Failed versions, health errors and refused pointers, one per line; '-' when none."""
+    lines = [f"{short_digest(v.digest)}: {v.error}" for v in node.inventory if v.error]
+    lines += node.health.errors
+    lines += [f"refused: {r}" for r in node.refused]
+    return Text("\n".join(lines), style="red") if lines else Text("-")
 
 
 def status_view(status: DeploymentStatus) -> RenderableType:

@@ -50,6 +50,23 @@ async def eventually(probe: Callable[[], Awaitable[_T | None] | _T | None], with
         await asyncio.sleep(POLL)  # ok-sleep: polling interval of a deadline loop
 
 
+def poll_until(probe: Callable[[], _T | None], within: float, what: str) -> _T:
+    """``eventually`` for synchronous callers (fixtures outside any event loop)."""
+    deadline = time.monotonic() + within
+    last: object = None
+    while True:
+        try:
+            result = probe()
+            if result:
+                return result
+            last = result
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}; last probe: {last!r}")
+        time.sleep(POLL)  # ok-sleep: polling interval of a deadline loop
+
+
 class AgentProcess:
     """One ``weightship-agent`` process under test."""
 
@@ -157,8 +174,9 @@ class AgentProcess:
         """POST on the local API."""
         return await self._http.post(self.url + path, content=content)
 
-    async def deployment(self, name: str = "chat") -> LocalDeployment | None:
-        """What the local API says ``name`` serves (``None`` before any pointer)."""
+    async def deployment(self, name: str | None = None) -> LocalDeployment | None:
+        """What the local API says ``name`` (default: its first deployment) serves; ``None`` before any pointer."""
+        name = name or self.deployments[0]
         response = await self.get(f"/local/v1/deployments/{name}")
         if response.status_code == 404:
             return None
@@ -171,8 +189,9 @@ class AgentProcess:
         response.raise_for_status()
         return NodeHeartbeat.model_validate_json(response.content)
 
-    async def serving(self, digest: str, name: str = "chat", within: float = 60.0) -> LocalDeployment:
-        """Wait until ``name`` serves ``digest``, ready."""
+    async def serving(self, digest: str, name: str | None = None, within: float = 60.0) -> LocalDeployment:
+        """Wait until ``name`` (default: its first deployment) serves ``digest``, ready."""
+        name = name or self.deployments[0]
 
         async def probe() -> LocalDeployment | None:
             view = await self.deployment(name)
@@ -181,5 +200,5 @@ class AgentProcess:
         return await eventually(probe, within, f"agent {self.name} to serve {digest[:19]} for {name}")
 
 
-#: ``spawn(name, deployments=("chat",), extra=())`` -> a started ``AgentProcess`` (fixture in conftest)
+#: ``spawn(name, deployments=None, extra=())`` -> a started ``AgentProcess`` (fixture in conftest)
 Spawn = Callable[..., AgentProcess]

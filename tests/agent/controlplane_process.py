@@ -1,20 +1,25 @@
 """The real control plane (``python -m controlplane serve``) as a process, for integration tests.
 
 SQLite and a local-directory origin under the test's directory; blob URLs are signed by the
-control plane and served by it (range requests). It can be stopped and started again on the same
-port with the same database, as after a crash or a deploy.
+control plane and served by it (range requests), at ``public_url`` (itself, or a proxy in front
+of it). It can be stopped (SIGTERM) or killed (SIGKILL) and started again on the same port with
+the same database, as after a deploy or a crash; and its database can be backed up while it runs
+and restored while it is down, as an operator restoring from a backup would.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
-from tests.agent.agent_processes import REPO, eventually
+from tests.agent.agent_processes import REPO, eventually, poll_until
 from weightship.client import Client
 
 ADMIN_TOKEN = "ws_agent-tests-admin-token-0123456789abcdef"
@@ -31,22 +36,25 @@ def _free_port() -> int:
 class ControlPlaneProcess:
     """One control-plane process with its own database and origin."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, public_url: str | None = None) -> None:
         self.workdir = workdir
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        #: where the blob URLs it signs point (a proxy in front of it, or itself)
+        self.public_url = public_url or self.url
+        self.database = workdir / "cp.db"
         self.log_path = workdir / "controlplane.log"
         self.proc: subprocess.Popen[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> None:
-        """Launch it (migrating the database) and wait until it answers ``/readyz``."""
+        """Launch it (it migrates the database at start-up); ``ready()`` waits until it answers."""
         env = {
             **os.environ,
-            "WEIGHTSHIP_DATABASE_URL": f"sqlite:///{self.workdir / 'cp.db'}",
+            "WEIGHTSHIP_DATABASE_URL": f"sqlite:///{self.database}",
             "WEIGHTSHIP_STORE": f"local:{self.workdir / 'origin'}",
             "WEIGHTSHIP_ADMIN_TOKEN": ADMIN_TOKEN,
-            "WEIGHTSHIP_PUBLIC_URL": self.url,
+            "WEIGHTSHIP_PUBLIC_URL": self.public_url,
             "WEIGHTSHIP_URL_SIGNING_KEY": "agent-tests-signing-key",
             "WEIGHTSHIP_NODE_STALE_SECONDS": "10",
         }
@@ -54,24 +62,27 @@ class ControlPlaneProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"control plane exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        with httpx.Client(timeout=2) as http:
+            return http.get(self.url + "/readyz").status_code == 200
+
     async def ready(self, within: float = 60.0) -> None:
         """Wait until ``/readyz`` answers 200 (the database is migrated)."""
+        await eventually(self._answers, within, "the control plane to be ready")
 
-        async def probe() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"control plane exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            async with httpx.AsyncClient(timeout=2) as http:
-                return (await http.get(self.url + "/readyz")).status_code == 200
-
-        await eventually(probe, within, "the control plane to be ready")
+    def wait_ready(self, within: float = 60.0) -> None:
+        """``ready()`` for synchronous callers (module-wide fixtures)."""
+        poll_until(self._answers, within, "the control plane to be ready")
 
     def client(self, token: str = ADMIN_TOKEN) -> Client:
         """A REST client (admin by default)."""
         return Client(self.url, token, timeout=30.0)
 
     def stop(self) -> None:
-        """SIGTERM and wait."""
+        """SIGTERM and wait (uvicorn lets open long-polls finish first)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -79,6 +90,29 @@ class ControlPlaneProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL: the control plane crashes, mid-request and without any clean-up."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def backup(self, target: Path) -> None:
+        """An online backup of the database (SQLite's backup API), taken while it serves."""
+        source = sqlite3.connect(self.database)
+        copy = sqlite3.connect(target)
+        try:
+            source.backup(copy)
+        finally:
+            copy.close()
+            source.close()
+
+    def restore(self, backup: Path) -> None:
+        """Replace the database with ``backup`` (only while the process is down)."""
+        assert self.proc is None or self.proc.poll() is not None, "stop the control plane before restoring"
+        for leftover in (Path(f"{self.database}-wal"), Path(f"{self.database}-shm")):
+            leftover.unlink(missing_ok=True)  # newer commits of the crashed process: gone with the restore
+        shutil.copyfile(backup, self.database)
 
     def log(self) -> str:
         """What it logged."""

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tests.agent.agent_processes import Spawn, eventually
-from tests.agent.fleet_fakes import FakeControlPlane
+from tests.agent.fleet import Fleet
 from weightship.manifest import Manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -19,15 +19,15 @@ def retry_delays(log: str, call: str) -> list[float]:
 
 
 async def test_agent_keeps_serving_and_reconnects_with_backoff_when_the_control_plane_is_down(
-    spawn: Spawn, fake_cp: FakeControlPlane, versions: dict[str, Manifest]
+    spawn: Spawn, fleet: Fleet, versions: dict[str, Manifest], model: str, deployment: str
 ) -> None:
     v1, v2 = versions["v1"], versions["v2"]
-    await fake_cp.set_pointer("chat", "m", v1.digest)
+    fleet.point(deployment, model, "v1")
     agent = spawn("node-d")
     await agent.ready()
     await agent.serving(v1.digest)
 
-    await fake_cp.stop()
+    fleet.cp.kill()  # the control plane process dies, long-polls and all
     delays = await eventually(
         lambda: (d := retry_delays(agent.log(), "desired")) and len(d) >= 5 and d, 30, "five reconnect attempts"
     )
@@ -48,9 +48,15 @@ async def test_agent_keeps_serving_and_reconnects_with_backoff_when_the_control_
     assert view.ready
     assert view.epoch == 1
 
-    await fake_cp.start()
-    await fake_cp.set_pointer("chat", "m", v2.digest)
+    # The same control plane comes back on the same port and database; the agent finds it.
+    fleet.cp.start()
+    await fleet.cp.ready()
+    fleet.point(deployment, model, "v2")
     await agent.serving(v2.digest, within=30)
     assert "controlplane.reconnected" in agent.log() or "controlplane.registered" in agent.log()
-    node = fake_cp.node("node-d")
-    await eventually(lambda: node is not None and node.heartbeats > 0, 10, "heartbeats after the outage")
+
+    def reported() -> bool:
+        node = fleet.node("node-d")
+        return bool(node and [(s.digest, s.epoch) for s in node.serving] == [(v2.digest, 2)] and not node.stale)
+
+    await eventually(reported, 10, "a heartbeat after the outage reporting v2 at epoch 2")

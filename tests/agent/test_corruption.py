@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from tests.agent.agent_processes import Spawn, eventually
-from tests.agent.fleet_fakes import FakeControlPlane, FaultProxy, Origin
+from tests.agent.fleet import Fleet
+from tests.agent.fleet_fakes import FaultProxy
 from weightship.digests import hex_of
 from weightship.manifest import Manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
-@pytest.fixture
-async def proxy(origin: Origin, fake_cp: FakeControlPlane) -> AsyncIterator[FaultProxy]:
-    """A fault proxy in front of ``origin``; the control plane's blob URLs point at it."""
-    server = FaultProxy(origin.url)
-    await server.start()
-    fake_cp.blob_base = server.url
-    yield server
-    await server.stop()
-
-
 async def test_corrupted_chunks_are_rejected_and_fetched_again(
-    spawn: Spawn, fake_cp: FakeControlPlane, proxy: FaultProxy, versions: dict[str, Manifest]
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, versions: dict[str, Manifest], model: str, deployment: str
 ) -> None:
     v1 = versions["v1"]
     weights = next(f for f in v1.files if f.path.endswith(".safetensors"))
@@ -40,7 +29,7 @@ async def test_corrupted_chunks_are_rejected_and_fetched_again(
         return False
 
     proxy.corrupt = corrupt_first_time
-    await fake_cp.set_pointer("chat", "m", v1.digest)
+    fleet.point(deployment, model, "v1")
     agent = spawn("node-c")
     await agent.ready()
     await agent.serving(v1.digest)
@@ -49,32 +38,28 @@ async def test_corrupted_chunks_are_rejected_and_fetched_again(
     assert status.counters.chunks_rejected == 3
     assert agent.log().count("fetch.chunk_retry") == 3
     ready_file = agent.data_dir / "versions" / hex_of(v1.digest) / weights.path
-    assert ready_file.read_bytes() == (fake_cp.origin.blobs / weights.sha256).read_bytes()
+    assert ready_file.read_bytes() == (fleet.cp.workdir / "origin" / "blobs" / "sha256" / weights.sha256).read_bytes()
 
 
 async def test_a_chunk_corrupted_every_time_fails_the_fetch_and_the_old_version_keeps_serving(
-    spawn: Spawn, fake_cp: FakeControlPlane, proxy: FaultProxy, versions: dict[str, Manifest]
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, versions: dict[str, Manifest], model: str, deployment: str
 ) -> None:
     v1, v2 = versions["v1"], versions["v2"]
     weights = next(f for f in v2.files if f.path.endswith(".safetensors"))
     bad = 2 * v2.chunk_size
-    await fake_cp.set_pointer("chat", "m", v1.digest)
+    fleet.point(deployment, model, "v1")
     agent = spawn("node-p", extra=["--chunk-attempts", "3"])
     await agent.ready()
     await agent.serving(v1.digest)
 
     proxy.corrupt = lambda blob, start: blob == weights.sha256 and start == bad
-    await fake_cp.set_pointer("chat", "m", v2.digest)
-
-    async def failed() -> str | None:
-        node = fake_cp.node("node-p")
-        hb = node.heartbeat if node else None
-        items = [i for i in (hb.inventory if hb else []) if i.digest == v2.digest and i.state.value == "failed"]
-        return items[0].error if items else None
-
-    error = await eventually(failed, 30, "the control plane to hear that v2 failed")
-    assert "failed 3 times" in error
-    assert "hash to" in error
+    fleet.point(deployment, model, "v2")
+    # One report, as the control plane stores it: v2 failed, why, the node's errors and counters.
+    failure = await eventually(lambda: fleet.failed("node-p", v2.digest), 30, "the control plane to hear v2 failed")
+    assert "failed 3 times" in failure.error
+    assert "hash to" in failure.error
+    assert any("failed 3 times" in e for e in failure.node.health.errors)
+    assert failure.node.counters.chunks_rejected >= 3
     view = await agent.deployment()
     assert view is not None
     assert (view.digest, view.ready) == (v1.digest, True), "the node must keep serving v1"
@@ -83,15 +68,10 @@ async def test_a_chunk_corrupted_every_time_fails_the_fetch_and_the_old_version_
     staged = agent.data_dir / "staging" / hex_of(v2.digest) / weights.path
     length = min(v2.chunk_size, weights.size - bad)
     assert staged.read_bytes()[bad : bad + length] == bytes(length)
-    node = fake_cp.node("node-p")
-    assert node is not None
-    assert node.heartbeat is not None
-    assert any("failed 3 times" in e for e in node.heartbeat.health.errors)
-    assert node.heartbeat.counters.chunks_rejected >= 3
 
     # The origin heals: the next retry (backoff) completes v2 from the chunks already verified.
     proxy.corrupt = lambda _blob, _start: False
-    served_before = len(fake_cp.origin.served)
+    served_before = len(proxy.served)
     await agent.serving(v2.digest, within=30)
-    refetched = [(s.blob, s.start) for s in fake_cp.origin.served[served_before:]]
+    refetched = [(s.blob, s.start) for s in proxy.served[served_before:]]
     assert refetched == [(weights.sha256, bad)], "only the chunk that failed is fetched again"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
-from tests.agent.fleet_fakes import FakeControlPlane, Origin
+from tests.agent.fleet import Fleet
+from tests.agent.fleet_fakes import FaultProxy
 from weightship.digests import hex_of
 from weightship.layout import read_verification
 from weightship.manifest import Manifest
@@ -44,44 +45,44 @@ def assert_complete_and_verified(agent: AgentProcess, manifest: Manifest) -> Non
 
 
 @pytest.fixture
-def big(make_model: Callable[..., Path], origin: Origin) -> Manifest:
-    """A version of about 2 MiB in 64 KiB chunks (~33 chunks)."""
-    return origin.publish(make_model("big", tensors_mb=2.0, seed=7), "m")
+def big(fleet: Fleet, model: str, make_model: Callable[..., Path]) -> Manifest:
+    """A version of about 2 MiB in 64 KiB chunks (~33 chunks), published as ``model``'s ``big``."""
+    return fleet.publish(make_model("big", tensors_mb=2.0, seed=7), model, "big")
 
 
 async def test_kill9_mid_fetch_resumes_and_refetches_at_most_the_chunks_in_flight(
-    spawn: Spawn, fake_cp: FakeControlPlane, origin: Origin, big: Manifest
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, big: Manifest, model: str, deployment: str
 ) -> None:
     total_chunks = sum(len(f.chunks) for f in big.files)
-    # The origin answers a third of the chunks, then holds every further request: the agent is
-    # killed with those requests in flight and the rest not yet asked for.
-    origin.hold_after = total_chunks // 3
-    await fake_cp.set_pointer("chat", "m", big.digest)
+    # The proxy lets a third of the chunks through, then holds every further request: the agent
+    # is killed with those requests in flight and the rest not yet asked for.
+    proxy.hold_after = total_chunks // 3
+    fleet.point(deployment, model, "big")
     agent = spawn("node-k", extra=["--concurrency", str(CONCURRENCY)])
     await agent.ready()
     await eventually(
-        lambda: origin.held() > 0 and len(journaled(agent, big)) >= total_chunks // 3,
+        lambda: proxy.held() > 0 and len(journaled(agent, big)) >= total_chunks // 3,
         60,
         "the answered chunks to be journaled while the rest are held",
     )
     status = await agent.status()
     assert [(i.digest, i.state.value) for i in status.inventory] == [(big.digest, "fetching")]
-    in_flight = {(s.blob, s.start) for s in origin.served[total_chunks // 3 :]}
+    in_flight = {(s.blob, s.start) for s in proxy.served[total_chunks // 3 :]}
     agent.kill9()
 
     final = agent.data_dir / "versions" / hex_of(big.digest)
     assert not final.exists(), "a half-fetched version must never be under versions/"
     kept = journaled(agent, big)
-    answered = {(s.blob, s.start) for s in origin.served[: total_chunks // 3]}
-    assert kept == answered, "exactly the chunks the origin answered were verified and kept"
+    answered = {(s.blob, s.start) for s in proxy.served[: total_chunks // 3]}
+    assert kept == answered, "exactly the chunks the proxy answered were verified and kept"
     assert 0 < len(in_flight) <= CONCURRENCY
-    served_before = len(origin.served)
+    served_before = len(proxy.served)
 
-    origin.release()
+    proxy.release()
     agent.start()
     await agent.ready()
     await agent.serving(big.digest)
-    second_run = [(s.blob, s.start) for s in origin.served[served_before:]]
+    second_run = [(s.blob, s.start) for s in proxy.served[served_before:]]
     assert not kept & set(second_run), "a chunk verified before the kill was downloaded again"
     refetched = (answered | in_flight) & set(second_run)
     assert refetched == in_flight, "only the chunks in flight at the kill are fetched twice"
@@ -92,10 +93,10 @@ async def test_kill9_mid_fetch_resumes_and_refetches_at_most_the_chunks_in_fligh
 
 
 async def test_repeated_kill9_at_different_moments_still_ends_with_a_verified_version(
-    spawn: Spawn, fake_cp: FakeControlPlane, origin: Origin, big: Manifest
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, big: Manifest, model: str, deployment: str
 ) -> None:
-    origin.delay = 0.05
-    await fake_cp.set_pointer("chat", "m", big.digest)
+    proxy.delay = 0.05
+    fleet.point(deployment, model, "big")
     agent = spawn("node-r", extra=["--concurrency", str(CONCURRENCY)])
     total_chunks = sum(len(f.chunks) for f in big.files)
     for fraction in (0.1, 0.4, 0.8):
@@ -113,8 +114,8 @@ async def test_repeated_kill9_at_different_moments_still_ends_with_a_verified_ve
     await agent.ready()
     await agent.serving(big.digest)
     assert_complete_and_verified(agent, big)
-    # Across all runs, the origin sent each chunk at most 1 + kills times (only in-flight ones twice).
-    assert origin.bytes_served() <= big.total_size + 3 * CONCURRENCY * big.chunk_size
+    # Across all runs each chunk went through the proxy at most 1 + kills times (only in-flight ones twice).
+    assert proxy.bytes_served() <= big.total_size + 3 * CONCURRENCY * big.chunk_size
 
 
 def _ready(agent: AgentProcess, manifest: Manifest) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
-from tests.agent.fleet_fakes import FakeControlPlane, Origin
+from tests.agent.fleet import Fleet
 from weightship.digests import hex_of
 from weightship.manifest import Manifest
 
@@ -21,36 +21,28 @@ VERSION_BYTES = 540 * 1024
 
 
 @pytest.fixture
-def four(make_model: Callable[..., Path], origin: Origin) -> list[Manifest]:
-    """Four distinct versions of model ``m``."""
-    return [origin.publish(make_model(f"q{i}", tensors_mb=0.5, seed=10 + i), "m") for i in range(4)]
+def four(fleet: Fleet, model: str, make_model: Callable[..., Path]) -> list[Manifest]:
+    """Four distinct versions of ``model``, published as ``q0`` .. ``q3``."""
+    return [fleet.publish(make_model(f"q{i}", tensors_mb=0.5, seed=10 + i), model, f"q{i}") for i in range(4)]
 
 
 def on_disk(agent: AgentProcess) -> set[str]:
     return set(os.listdir(agent.data_dir / "versions"))
 
 
-async def failed_with(fake_cp: FakeControlPlane, node: str, digest: str) -> str | None:
-    """The error the control plane last heard for ``digest`` on ``node``, once it is reported failed."""
-    info = fake_cp.node(node)
-    hb = info.heartbeat if info else None
-    items = [i for i in (hb.inventory if hb else []) if i.digest == digest and i.state.value == "failed"]
-    return items[0].error if items else None
-
-
 async def test_quota_evicts_the_oldest_unreferenced_version_first(
-    spawn: Spawn, fake_cp: FakeControlPlane, four: list[Manifest]
+    spawn: Spawn, fleet: Fleet, four: list[Manifest], model: str, deployment: str
 ) -> None:
     v1, v2, v3, v4 = four
     agent = spawn("node-q", extra=["--quota", str(int(3.5 * VERSION_BYTES))])
     await agent.ready()
-    for version in (v1, v2, v3):
-        await fake_cp.set_pointer("chat", "m", version.digest)
+    for label, version in zip(("q0", "q1", "q2"), (v1, v2, v3), strict=True):
+        fleet.point(deployment, model, label)
         await agent.serving(version.digest)
     # v1 is no longer referenced (keep = v3, v2) but fits: it stays as the LRU tail.
     assert on_disk(agent) == {hex_of(v.digest) for v in (v1, v2, v3)}
 
-    await fake_cp.set_pointer("chat", "m", v4.digest)
+    fleet.point(deployment, model, "q3")
     await agent.serving(v4.digest)
     assert on_disk(agent) == {hex_of(v.digest) for v in (v2, v3, v4)}, "v1 (oldest unreferenced) goes first"
     assert f"retention.evicted digest={v1.digest}" in agent.log()
@@ -61,28 +53,25 @@ async def test_quota_evicts_the_oldest_unreferenced_version_first(
 
 
 async def test_quota_too_small_for_referenced_versions_fails_clearly_and_keeps_serving(
-    spawn: Spawn, fake_cp: FakeControlPlane, four: list[Manifest]
+    spawn: Spawn, fleet: Fleet, four: list[Manifest], model: str, deployment: str
 ) -> None:
     v1, v2 = four[:2]
     agent = spawn("node-f", extra=["--quota", str(int(1.5 * VERSION_BYTES))])
     await agent.ready()
-    await fake_cp.set_pointer("chat", "m", v1.digest)
+    fleet.point(deployment, model, "q0")
     await agent.serving(v1.digest)
 
-    await fake_cp.set_pointer("chat", "m", v2.digest)  # keep = v2, v1: both referenced
-    error = await eventually(lambda: failed_with(fake_cp, "node-f", v2.digest), 20, "v2 reported failed")
-    assert "no room to fetch" in error
-    assert "quota" in error
-    assert "disk-full.md" in error
+    fleet.point(deployment, model, "q1")  # keep = v2, v1: both referenced
+    failure = await eventually(lambda: fleet.failed("node-f", v2.digest), 20, "v2 reported failed")
+    assert "no room to fetch" in failure.error
+    assert "quota" in failure.error
+    assert "disk-full.md" in failure.error
+    assert any("no room to fetch" in e for e in failure.node.health.errors)
     view = await agent.deployment()
     assert view is not None
     assert view.digest == v1.digest
     assert view.ready
     assert on_disk(agent) == {hex_of(v1.digest)}, "nothing partial is ever under versions/"
-    node = fake_cp.node("node-f")
-    assert node is not None
-    assert node.heartbeat is not None
-    assert any("no room to fetch" in e for e in node.heartbeat.health.errors)
 
 
 @pytest.fixture
@@ -100,12 +89,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_full_disk_fails_the_fetch_clearly_and_it_completes_once_space_is_freed(
-    fake_cp: FakeControlPlane, four: list[Manifest], small_disk: Path
+    fleet: Fleet, four: list[Manifest], small_disk: Path, model: str, deployment: str
 ) -> None:
     v1, v2 = four[:2]
-    agent = AgentProcess(small_disk, "node-t", fake_cp.url, "ws_fake-agent-token", extra=[])
+    agent = AgentProcess(small_disk, "node-t", fleet.cp.url, fleet.agent_token, [deployment])
     agent.log_path = small_disk.parent / "node-t.log"
-    await fake_cp.set_pointer("chat", "m", v1.digest)
+    fleet.point(deployment, model, "q0")
     agent.start()
     try:
         await agent.ready()
@@ -114,10 +103,10 @@ async def test_full_disk_fails_the_fetch_clearly_and_it_completes_once_space_is_
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
         filler.write_bytes(bytes(free - 100 * 1024))  # leave 100 KiB: less than v2 needs
 
-        await fake_cp.set_pointer("chat", "m", v2.digest)
-        error = await eventually(lambda: failed_with(fake_cp, "node-t", v2.digest), 20, "v2 reported failed")
-        assert "no room to fetch" in error
-        assert "free on disk" in error
+        fleet.point(deployment, model, "q1")
+        failure = await eventually(lambda: fleet.failed("node-t", v2.digest), 20, "v2 reported failed")
+        assert "no room to fetch" in failure.error
+        assert "free on disk" in failure.error
         view = await agent.deployment()
         assert view is not None
         assert view.digest == v1.digest

@@ -41,6 +41,15 @@ class URLs:
 
 
 @pytest.fixture
+async def origin(tmp_path: Path) -> AsyncIterator[Origin]:
+    """A blob origin with range requests on a loopback port (S3 behind presigned URLs)."""
+    server = Origin(tmp_path / "origin")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
 async def session() -> AsyncIterator[RangeClient]:
     client = RangeClient()
     yield client

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.agent.agent_processes import Spawn, eventually
-from tests.agent.fleet_fakes import FakeControlPlane, Origin
+from tests.agent.fleet import Fleet
+from tests.agent.fleet_fakes import FaultProxy
 from weightship.digests import hex_of
 from weightship.layout import read_verification
 from weightship.manifest import Manifest
@@ -18,15 +19,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 async def test_agent_fetches_verifies_and_switches_to_the_pointer(
-    spawn: Spawn, fake_cp: FakeControlPlane, origin: Origin, versions: dict[str, Manifest]
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, versions: dict[str, Manifest], model: str, deployment: str
 ) -> None:
     v1, v2 = versions["v1"], versions["v2"]
-    await fake_cp.set_pointer("chat", "m", v1.digest)
+    fleet.point(deployment, model, "v1")
     agent = spawn("node-a")
     await agent.ready()
     served = await agent.serving(v1.digest)
     assert served.path == str(agent.data_dir.resolve() / "versions" / hex_of(v1.digest))
-    assert served.model == "m"
+    assert served.model == model
     assert served.epoch == 1
     for entry in v1.files:
         assert (Path(served.path) / entry.path).stat().st_size == entry.size
@@ -34,30 +35,28 @@ async def test_agent_fetches_verifies_and_switches_to_the_pointer(
     record = read_verification(Path(served.path))
     assert record is not None
     assert record.digest == v1.digest
-    link = agent.data_dir / "deployments" / "chat" / "current"
+    link = agent.data_dir / "deployments" / deployment / "current"
     assert os.readlink(link) == f"../../versions/{hex_of(v1.digest)}"
 
-    await fake_cp.set_pointer("chat", "m", v2.digest)
+    fleet.point(deployment, model, "v2")
     switched = await agent.serving(v2.digest)
     assert switched.epoch == 2
     assert os.readlink(link) == f"../../versions/{hex_of(v2.digest)}"
     # both versions stay on disk side by side
     assert (agent.data_dir / "versions" / hex_of(v1.digest)).is_dir()
 
-    async def reported() -> bool:
-        node = fake_cp.node("node-a")
-        hb = node.heartbeat if node else None
-        return bool(hb and [(d.name, d.digest, d.epoch) for d in hb.deployments] == [("chat", v2.digest, 2)])
+    def reported() -> bool:
+        node = fleet.node("node-a")
+        return bool(node and [(d.name, d.digest, d.epoch) for d in node.serving] == [(deployment, v2.digest, 2)])
 
-    await eventually(reported, 10, "a heartbeat reporting chat at epoch 2")
-    report = ValidationReport(deployment="chat", digest=v2.digest, passed=True, load_seconds=0.5)
+    await eventually(reported, 10, f"a heartbeat reporting {deployment} at epoch 2")
+    report = ValidationReport(deployment=deployment, digest=v2.digest, passed=True, load_seconds=0.5)
     posted = await agent.post("/local/v1/validation", report.model_dump_json().encode())
     assert posted.status_code == 204
 
-    async def forwarded() -> bool:
-        node = fake_cp.node("node-a")
-        hb = node.heartbeat if node else None
-        return bool(hb and hb.validation == [report])
+    def forwarded() -> bool:
+        node = fleet.node("node-a")
+        return bool(node and node.validation == [report])
 
     await eventually(forwarded, 10, "the validation report in a heartbeat")
     status = await agent.status()
@@ -67,4 +66,4 @@ async def test_agent_fetches_verifies_and_switches_to_the_pointer(
     assert shared > 0
     assert status.counters.bytes_downloaded == v1.total_size + v2.total_size - shared
     assert status.counters.bytes_copied_locally == shared
-    assert origin.bytes_served() == status.counters.bytes_downloaded
+    assert proxy.bytes_served() == status.counters.bytes_downloaded
