@@ -94,7 +94,8 @@ def local_state(port: int) -> dict[str, object]:
 
 def all_serving(procs: Processes, ports: list[int], digest: str) -> bool:
     procs.check()
-    return all(local_state(p).get("digest") == digest and local_state(p).get("ready") for p in ports)
+    states = [local_state(p) for p in ports]
+    return all(s.get("digest") == digest and s.get("ready") for s in states)
 
 
 class Traffic:
