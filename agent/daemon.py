@@ -28,7 +28,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agent.assemble import Assembler
-from agent.backoff import Backoff
 from agent.config import AgentConfig
 from agent.controlplane_client import ControlPlaneClient
 from agent.counters import Counters
@@ -41,6 +40,7 @@ from agent.reconcile import Reconciler
 from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
+from weightship.backoff import DelaySequence
 from weightship.errors import AuthError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
 from weightship.schemas import (
@@ -223,7 +223,7 @@ class Agent:
     async def _register(self) -> str:
         cfg = self.config
         body = NodeRegistration(name=cfg.name, labels=cfg.labels, role="node", deployments=list(cfg.deployments))
-        backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
+        backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         while True:
             try:
                 info = await self.controlplane.register(body)
@@ -233,7 +233,7 @@ class Agent:
             event(log, "controlplane.registered", node_id=info.id, name=info.name)
             return info.id
 
-    async def _back_off(self, what: str, exc: WeightshipError, backoff: Backoff) -> None:
+    async def _back_off(self, what: str, exc: WeightshipError, backoff: DelaySequence) -> None:
         if isinstance(exc, (AuthError, ForbiddenError)):
             backoff.attempts = max(backoff.attempts, 64)  # a bad token will not fix itself quickly
         delay = backoff.next_delay()
@@ -251,7 +251,7 @@ class Agent:
 
     async def _desired_loop(self, node_id: str) -> None:
         cfg = self.config
-        backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
+        backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         revision: str | None = None
         while True:
             asked = time.monotonic()
@@ -282,7 +282,7 @@ class Agent:
     async def _heartbeat_loop(self, node_id: str) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
-        backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
+        backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         changed = self._changed
         while True:
             self._usage = await loop.run_in_executor(self.executor, self.store.usage_bytes)

@@ -26,11 +26,11 @@ from concurrent.futures import Executor
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from agent.backoff import Backoff
 from agent.counters import Counters
 from agent.rangeclient import RangeClient, UrlRejected
 from agent.staging import ChunkJob, Staging
 from agent.store import LocalChunk
+from weightship.backoff import DelaySequence
 from weightship.errors import DiskFullError, IntegrityError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.schemas import BlobURL
@@ -156,7 +156,7 @@ class Fetcher:
 
     async def _download(self, staging: Staging, job: ChunkJob, view: memoryview) -> None:
         loop = asyncio.get_running_loop()
-        backoff = Backoff(self.backoff_initial, self.backoff_max)
+        backoff = DelaySequence(self.backoff_initial, self.backoff_max)
         last: WeightshipError | None = None
         for attempt in range(1, self.attempts + 1):
             try:

@@ -32,11 +32,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from agent.assemble import Assembler, Progress
-from agent.backoff import Backoff
 from agent.epochs import EpochBook, StaleEpochError
 from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
+from weightship.backoff import DelaySequence
 from weightship.errors import WeightshipError
 from weightship.logs import event
 from weightship.schemas import DesiredState, VersionInventory, VersionState
@@ -70,7 +70,7 @@ class _Version:
     task: asyncio.Task[None] | None = None
     error: str | None = None
     retry_at: float = 0.0
-    backoff: Backoff | None = None
+    backoff: DelaySequence | None = None
 
     @property
     def running(self) -> bool:
@@ -280,7 +280,7 @@ class Reconciler:
             raise
         except Exception as exc:  # any failure is reported, never fatal to the agent
             message = exc.message if isinstance(exc, WeightshipError) else f"{type(exc).__name__}: {exc}"
-            version.backoff = version.backoff or Backoff(self.backoff_initial, max(self.backoff_max, 1.0))
+            version.backoff = version.backoff or DelaySequence(self.backoff_initial, max(self.backoff_max, 1.0))
             delay = version.backoff.next_delay()
             version.error = message
             version.retry_at = asyncio.get_running_loop().time() + delay

@@ -10,14 +10,19 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from weightship.errors import TemporaryError, WeightshipError
 
-__all__ = ["Backoff", "is_temporary"]
+__all__ = ["Backoff", "DelaySequence", "capped_exponential", "is_temporary"]
 
 _R = TypeVar("_R")
+
+
+def capped_exponential(attempt: int, base: float, cap: float) -> float:
+    """``base * 2**(attempt - 1)`` for a 1-based ``attempt``, never more than ``cap``."""
+    return min(cap, base * 2.0 ** (attempt - 1))
 
 
 def is_temporary(error: WeightshipError) -> bool:
@@ -36,7 +41,7 @@ class Backoff:
 
     def delay(self, attempt: int, error: WeightshipError) -> float:
         """Seconds to wait before retry ``attempt`` (1-based) after ``error``."""
-        exponential = min(self.cap, self.base * 2.0 ** (attempt - 1))
+        exponential = capped_exponential(attempt, self.base, self.cap)
         hinted = error.delay if isinstance(error, TemporaryError) else 0.0
         return max(min(hinted, self.cap), exponential * random.uniform(0.5, 1.0))
 
@@ -51,3 +56,30 @@ class Backoff:
                     raise
                 self.sleep(self.delay(attempt, exc))
                 attempt += 1
+
+
+@dataclass
+class DelaySequence:
+    """Stateful backoff for long-running loops (reconnects, chunk retries): each call waits longer.
+
+    Delays are ``initial * 2**n`` capped at ``maximum``, each scaled by ``1 ± jitter`` so a
+    fleet reconnecting after an outage does not arrive in the same instant. ``rng`` is injectable
+    so tests can check the sequence without sleeping.
+    """
+
+    initial: float
+    maximum: float
+    jitter: float = 0.2
+    rng: random.Random = field(default_factory=random.Random)
+    attempts: int = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next try; grows with every call until ``reset``."""
+        self.attempts += 1
+        base = capped_exponential(self.attempts, self.initial, self.maximum)
+        spread = base * self.jitter
+        return min(self.maximum, max(0.0, base + self.rng.uniform(-spread, spread)))
+
+    def reset(self) -> None:
+        """Start again from ``initial`` (after a success)."""
+        self.attempts = 0

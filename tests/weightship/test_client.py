@@ -77,7 +77,7 @@ def _error(status: int, code: str, message: str) -> httpx.Response:
     ("module", "names"),
     [
         (weightship.client, {"DEFAULT_URL", "Backoff", "Client", "error_from_response"}),
-        (weightship.backoff, {"Backoff", "is_temporary"}),
+        (weightship.backoff, {"Backoff", "DelaySequence", "capped_exponential", "is_temporary"}),
         (
             weightship.publishing,
             {"PublishProgress", "PublishResult", "SilentProgress", "directory_size", "publish_directory"},
