@@ -46,6 +46,7 @@ from gpu_loader.agent_api import LocalAgent, validation_report
 from gpu_loader.loader import Loader, LoadOptions, VerifyMode
 from gpu_loader.metrics import ServeMetrics
 from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens, prepare
+from weightship.backoff import DelaySequence
 from weightship.errors import WeightshipError
 from weightship.logs import event
 
@@ -261,22 +262,22 @@ class Server:
         """
         name = self.config.deployment
         epoch = 0
-        backoff = 0.5
+        backoff = DelaySequence(initial=0.5, maximum=10.0)
         while True:
             try:
                 waited = await agent.wait(name, epoch, self.config.poll_seconds)
-                backoff = 0.5
+                backoff.reset()
             except WeightshipError as exc:
+                delay = backoff.next_delay()
                 event(
                     _log,
                     "serve.agent_unavailable",
                     logging.WARNING,
                     agent=agent.address,
                     error=exc.message,
-                    retry_in=backoff,
+                    retry_in=f"{delay:.2f}",
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(10.0, backoff * 2)
+                await asyncio.sleep(delay)
                 continue
             if waited is None:
                 continue

@@ -32,6 +32,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
+from weightship.backoff import capped_exponential
 from weightship.errors import (
     IntegrityError,
     NotFoundError,
@@ -113,7 +114,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds before retry ``attempt`` (1-based): capped exponential, full jitter."""
-        return random.uniform(0.0, min(self.max_delay, self.base_delay * 2.0 ** (attempt - 1)))
+        return random.uniform(0.0, capped_exponential(attempt, self.base_delay, self.max_delay))
 
 
 def _classify(exc: Exception, what: str) -> tuple[WeightshipError, bool]:
