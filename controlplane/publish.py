@@ -50,7 +50,6 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.auth import Principal, require
 from controlplane.db import ModelRow, UploadSessionRow, VersionRow, utcnow
 from controlplane.registry import (
-    as_utc,
     check_labels_free,
     claim_label_objects,
     database_errors,
@@ -372,7 +371,6 @@ def _load(state: Any, upload_id: str) -> UploadSessionRow:
         row: UploadSessionRow | None = session.get(UploadSessionRow, upload_id)
     if row is None:
         raise NotFoundError(f"upload session {upload_id!r} does not exist; open one with POST /v1/uploads")
-    row.expires_at = as_utc(row.expires_at)  # detached: this changes nothing stored
     return row
 
 

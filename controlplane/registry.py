@@ -93,7 +93,7 @@ def _info(row: VersionRow, labels: Sequence[str]) -> VersionInfo:
         state=row.state,
         size=row.size,
         files=row.files,
-        created_at=as_utc(row.created_at),
+        created_at=row.created_at,
         created_by=row.created_by,
     )
 
@@ -214,7 +214,7 @@ def list_models(request: Request, _principal: Principal = Depends(require(*ANY_R
             select(ModelRow, counts.c.n).outerjoin(counts, counts.c.model == ModelRow.name).order_by(ModelRow.name)
         ).all()
     return [
-        ModelInfo(name=m.name, versions=int(n or 0), allow_pickle=m.allow_pickle, created_at=as_utc(m.created_at))
+        ModelInfo(name=m.name, versions=int(n or 0), allow_pickle=m.allow_pickle, created_at=m.created_at)
         for m, n in rows
     ]
 
