@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from agent.staging import Staging
 from agent.store import VersionStore
@@ -34,3 +39,16 @@ def install(store: VersionStore, model_dir: Path, model: str = "m") -> Manifest:
     store.install(staging.finish(), manifest)
     staging.discard_journal()
     return manifest
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. ``2m``) mounted at ``mount`` for real ENOSPC; skips where mounting is not allowed."""
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

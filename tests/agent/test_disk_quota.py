@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.fleet import Fleet
+from tests.agent.local_versions import small_tmpfs
 from weightship.digests import hex_of
 from weightship.manifest import Manifest
 
@@ -77,15 +77,8 @@ async def test_quota_too_small_for_referenced_versions_fails_clearly_and_keeps_s
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs (needs permission to mount; skipped otherwise)."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small-disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 async def test_full_disk_fails_the_fetch_clearly_and_it_completes_once_space_is_freed(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from agent.staging import Staging
 from agent.store import VersionStore
-from tests.agent.local_versions import fill, install, manifest_of
+from tests.agent.local_versions import fill, install, manifest_of, small_tmpfs
 from weightship.errors import DiskFullError, IntegrityError
 from weightship.layout import read_verification
 
@@ -95,15 +94,8 @@ def test_identical_files_are_hard_linked_from_a_ready_version(tmp_path: Path, ma
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 512 KiB tmpfs (needs permission to mount; skipped otherwise)."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "tiny", "512k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_real_enospc_while_writing_a_chunk_is_a_disk_full_error(
