@@ -80,8 +80,9 @@ def send_part(store: OriginStore, sha: str, upload_id: str, part: PartSpec, data
 def plant_part(store: OriginStore, sha: str, upload_id: str, part: PartSpec, data: bytes) -> None:
     """Put ``data`` in the store as ``part`` behind the checks a client meets (a rogue client or a bad disk)."""
     if isinstance(store, S3Store):
+        staged, multipart = store._staging(sha, upload_id)
         store.client.upload_part(
-            Bucket=store.bucket, Key=store.prefix + blob_key(sha), UploadId=upload_id, PartNumber=part.number, Body=data
+            Bucket=store.bucket, Key=store.prefix + staged, UploadId=multipart, PartNumber=part.number, Body=data
         )
         return
     assert isinstance(store, LocalStore)
@@ -193,9 +194,9 @@ def test_a_corrupt_part_fails_completion_and_publishes_nothing(store: OriginStor
 class ChecksumlessS3Store(S3Store):
     """An S3-compatible store that keeps no checksums (some do not): the control plane must re-hash."""
 
-    def stat_blob(self, sha256: str) -> BlobStat | None:
-        """The real stat, minus the checksum."""
-        stat = super().stat_blob(sha256)
+    def _head(self, key: str) -> BlobStat | None:
+        """The real head, minus the checksum."""
+        stat = super()._head(key)
         return None if stat is None else replace(stat, checksum=None)
 
 
