@@ -25,7 +25,7 @@ A staged object that fails 2 or 3 is deleted and the commit fails: bytes that do
 name never occupy it. Small objects (manifests, labels, provenance) are ``PutObject`` with
 ``If-None-Match: *`` and their SHA-256 checksum. Upload ids are ``<nonce>.<S3 upload id>``; the
 nonce names the staging key. A bucket lifecycle rule expiring ``uploads/`` after a few days
-cleans up after a control plane that died mid-commit (docs/operations.md).
+cleans up after a control plane that died mid-commit.
 """
 
 from __future__ import annotations
