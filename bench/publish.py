@@ -1,4 +1,6 @@
-"""Manifest-build throughput versus ``openssl dgst -sha256`` over the same files, in one run.
+"""Publish-side hashing, measured side by side in one run: manifest build, and commit-side verification.
+
+**Manifest build** versus ``openssl dgst -sha256`` over the same files.
 
 Both read the same files from a warm page cache. openssl hashes them one after another on one
 core (SHA-NI when the CPU has it): the single-stream SHA-256 limit. Ours computes, in one read of
@@ -6,7 +8,17 @@ each file, the whole-file SHA-256 *and* every chunk's SHA-256 (the manifest need
 over all cores. Each byte is hashed twice, so the ceiling is ``cores / 2`` times openssl, except
 for files of one chunk, whose chunk digest is the file digest and is computed once.
 
+**Commit-side verification on S3** (moto's server, a separate process on loopback). A blob of
+``--verify-mb`` MiB is uploaded in ``--verify-chunk-mb`` parts, then three things are timed on the
+same bytes: reading it with the store's parallel ranged GETs and no hashing (the baseline: what
+moto can serve), ``verify_stored`` (those reads plus every chunk digest and the whole-file SHA-256,
+what commit does for a stored blob named at a new chunk size), and ``complete_upload`` of a fresh
+staged upload (the whole-file hash of the staged object plus the server-side copy into
+``blobs/``: what commit does for a new multi-chunk blob). ``commit_verify_gb_per_s`` is the
+second; ``verify_vs_read`` how close it comes to the baseline.
+
 Usage: python bench/publish.py [--size-mb 1024] [--files 4] [--chunk-mb 64] [--repeat 3]
+                               [--verify-mb 256] [--verify-chunk-mb 8]
 Last line: one JSON object with the figures.
 """
 
@@ -16,12 +28,19 @@ import argparse
 import json
 import os
 import platform
+import socket
 import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
-from weightship.manifest import build_manifest
+from controlplane.store import S3Store
+from controlplane.store.parts import b64_of_hex, plan_parts, verify_stored
+from weightship.chunks import chunk_ranges
+from weightship.digests import sha256_hex
+from weightship.manifest import FileEntry, build_manifest
 
 
 def _write_files(root: Path, total: int, files: int) -> list[Path]:
@@ -49,12 +68,90 @@ def _best(fn: object, repeat: int) -> float:
     return best
 
 
+def _moto() -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "S3_UPLOAD_PART_MIN_SIZE": str(64 * 1024)},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("moto_server did not start within 30 s")
+
+
+def _staged_upload(store: S3Store, data: bytes, entry: FileEntry, chunk: int) -> str:
+    upload_id = store.begin_upload(entry.sha256, chunk)
+    staged, multipart = store._staging(entry.sha256, upload_id)
+    for part in plan_parts(entry, chunk):
+        store.client.upload_part(
+            Bucket=store.bucket,
+            Key=store.prefix + staged,
+            UploadId=multipart,
+            PartNumber=part.number,
+            Body=data[part.offset : part.offset + part.length],
+            ChecksumSHA256=b64_of_hex(part.sha256),
+        )
+    return upload_id
+
+
+def commit_verification(size_mb: int, chunk_mb: int, repeat: int) -> dict[str, float]:
+    """GB/s of plain parallel reads, ``verify_stored`` and ``complete_upload`` of one blob on moto."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    chunk = chunk_mb * 2**20
+    data = os.urandom(size_mb * 2**20)
+    ranges = list(chunk_ranges(len(data), chunk))
+    entry = FileEntry(
+        path="w.bin",
+        size=len(data),
+        sha256=sha256_hex(data),
+        media_type="application/octet-stream",
+        chunks=tuple(sha256_hex(data[a:b]) for a, b in ranges),
+    )
+    proc, endpoint = _moto()
+    try:
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        store = S3Store(bucket, "bench", endpoint_url=endpoint, min_part_size=64 * 1024)
+        store.client.create_bucket(Bucket=bucket)
+        parts = plan_parts(entry, chunk)
+        start = time.perf_counter()
+        assert store.complete_upload(entry.sha256, _staged_upload(store, data, entry, chunk), parts)
+        t_complete = time.perf_counter() - start  # the first placement; later ones find the name taken
+
+        def read() -> None:
+            for _ in store.read_blob(entry.sha256):
+                pass
+
+        t_read = _best(read, repeat)
+        t_verify = _best(lambda: verify_stored(store, entry, chunk), repeat)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    return {
+        "moto_read_gb_per_s": len(data) / t_read / 1e9,
+        "commit_verify_gb_per_s": len(data) / t_verify / 1e9,
+        "commit_complete_gb_per_s": len(data) / t_complete / 1e9,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--chunk-mb", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--verify-mb", type=int, default=256, help="blob size for the commit-verification figures")
+    parser.add_argument("--verify-chunk-mb", type=int, default=8)
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     total = args.size_mb * 1024 * 1024
@@ -77,6 +174,7 @@ def main() -> None:
     gbps_ours = size / t_ours / 1e9
     ratio = gbps_ours / gbps_openssl
     openssl_version = subprocess.run(["openssl", "version"], capture_output=True, text=True).stdout.strip()
+    commit = commit_verification(args.verify_mb, args.verify_chunk_mb, args.repeat)
     print(
         f"conditions: {size / 2**20:.0f} MiB in {args.files} files, chunk {args.chunk_mb} MiB, page cache warm, "
         f"{cores} cores, {platform.processor() or platform.machine()}, {openssl_version}, best of {args.repeat}"
@@ -85,6 +183,13 @@ def main() -> None:
     print(f"weightship build_manifest (file + chunk digests, {cores} cores): {gbps_ours:.2f} GB/s")
     print(
         f"ratio ours/openssl: {ratio:.2f} (ceiling with two digests per byte: {cores / 2:.1f}; issue aim 0.8 x cores = {0.8 * cores:.1f})"
+    )
+    print(
+        f"commit-side verification on moto ({args.verify_mb} MiB blob, {args.verify_chunk_mb} MiB chunks): "
+        f"parallel ranged reads alone {commit['moto_read_gb_per_s']:.3f} GB/s, "
+        f"reads + chunk + whole-file SHA-256 (verify_stored) {commit['commit_verify_gb_per_s']:.3f} GB/s "
+        f"({commit['commit_verify_gb_per_s'] / commit['moto_read_gb_per_s']:.2f} of the read rate), "
+        f"staged upload hashed and copied into blobs/ (complete_upload) {commit['commit_complete_gb_per_s']:.3f} GB/s"
     )
     print(
         json.dumps(
@@ -97,6 +202,10 @@ def main() -> None:
                 "openssl_gbps": round(gbps_openssl, 3),
                 "ours_gbps": round(gbps_ours, 3),
                 "ratio_vs_openssl": round(ratio, 3),
+                "verify_bytes": args.verify_mb * 2**20,
+                "verify_chunk_size": args.verify_chunk_mb * 2**20,
+                **{key: round(value, 3) for key, value in commit.items()},
+                "verify_vs_read": round(commit["commit_verify_gb_per_s"] / commit["moto_read_gb_per_s"], 3),
             }
         )
     )

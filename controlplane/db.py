@@ -13,6 +13,10 @@ Tables and what they promise:
 - ``pointer_events``: audit, one row per epoch per deployment (unique), who/why/from/to.
 - ``tokens``: API tokens, only the SHA-256 of the secret is stored.
 - ``nodes``: registered agents, their labels and their last heartbeat report.
+- ``blob_chunks``: ``(blob sha256, chunk size) -> chunk digests``, inserted only once the control
+  plane (or a store checksum covering exactly those digests) verified every byte of the blob under
+  that geometry; never updated. A manifest naming a known blob at a known chunk size must state
+  exactly this list.
 
 Schema changes go through Alembic migrations in ``controlplane/migrations``; the models here
 must match the newest migration (a test checks).
@@ -44,6 +48,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 __all__ = [
     "Base",
+    "BlobChunksRow",
     "DeploymentRow",
     "LabelRow",
     "ModelRow",
@@ -198,6 +203,18 @@ class NodeRow(Base):
     last_seen: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     #: the last NodeHeartbeat body, as JSON
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class BlobChunksRow(Base):
+    """The verified chunk digests of a stored blob under one chunk size."""
+
+    __tablename__ = "blob_chunks"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    chunk_size: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    #: hex SHA-256 of each chunk, in order
+    chunks: Mapped[list[str]] = mapped_column(JSON)
+    verified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 def make_engine(url: str) -> Engine:

@@ -2,7 +2,9 @@
 
 A session carries one manifest from "bytes on a publisher's disk" to "ready version"::
 
-    open ──commit──▶ committed
+    open ──commit──▶ verifying ──▶ committed
+      │    ▲             │
+      │    └──refused────┘  (422/409: fix and commit again)
       └──DELETE or expiry──▶ aborted
 
 ``POST /v1/uploads`` validates the manifest (``parse_manifest``; pickle files only where allowed),
@@ -19,13 +21,26 @@ Opening the same manifest again while its session is open returns that session (
 labels, and a new expiry. Content that is already a ready version gets a session with nothing to
 upload, and committing it returns the same version id.
 
-``POST /v1/uploads/{id}/commit`` completes every upload through the store, which verifies sizes and
-chunk digests before anything is published under ``blobs/``; then writes the manifest (write-once),
-the provenance record and the label records, and only then inserts the version row, ready. Any
-failure leaves the version absent: a part that does not match is an ``IntegrityError`` (422), a
-part never uploaded a ``ConflictError`` (409); the session stays open to fix it.
+``POST /v1/uploads/{id}/commit`` moves the session to ``verifying`` (visible to ``GET``; a second
+commit meanwhile is a 409) and holds the trust invariant (``docs/architecture.md``): the version
+becomes ready only once every byte of every blob it names was verified against the digests its
+manifest states. Per blob:
 
-Sessions expire at ``expires_at`` (``settings.upload_ttl_seconds`` after the last open). Expired
+- uploaded by this session: the store completes it, checking every chunk digest and the
+  whole-file SHA-256 before anything appears under ``blobs/`` (``OriginStore.complete_upload``);
+- already stored, with a verified chunk list at this chunk size (``blob_chunks``): the manifest's
+  list must equal it exactly, else a 422 naming the file, the blob and the first differing chunk;
+- already stored, never verified at this chunk size: the control plane hashes the stored bytes
+  under this geometry (``verify_stored``), every chunk and the whole file.
+
+Each list verified so is recorded, then the manifest (write-once), provenance and label records are
+written, and only then the version row is inserted, ready. Any failure leaves the version absent
+and the session open: a part that does not match is an ``IntegrityError`` (422), a part never
+uploaded a ``ConflictError`` (409). Opening a session checks known chunk lists already, so a
+manifest re-describing a known blob is refused before anything is uploaded.
+
+Sessions expire at ``expires_at`` (``settings.upload_ttl_seconds`` after the last open or the start
+of a commit, so a commit that died while verifying frees its session at the latest then). Expired
 sessions are swept (store uploads aborted, staging removed, state ``aborted``) at every open and
 by ``sweep_expired_uploads``, which a periodic task may call. The clock is
 ``state.extras["clock"]`` when set, so tests control time.
@@ -53,12 +68,15 @@ from controlplane.registry import (
     check_labels_free,
     claim_label_objects,
     database_errors,
+    known_chunk_lists,
     pickle_files,
+    record_chunk_lists,
     record_version,
     version_info,
 )
 from controlplane.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
-from controlplane.store.parts import plan_parts, stat_matches
+from controlplane.store.parts import plan_parts, stat_matches, verify_stored
+from weightship.digests import sha256_hex
 from weightship.errors import (
     ConflictError,
     IntegrityError,
@@ -87,6 +105,9 @@ _CACHE: OrderedDict[str, Manifest] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _PUBLISHER = require(Role.publisher)
 _T = TypeVar("_T")
+_EMPTY_SHA256 = sha256_hex(b"")
+#: sessions in these states still hold store uploads (and expire)
+_LIVE = ("open", "verifying")
 
 
 def clock_of(state: Any) -> Callable[[], datetime]:
@@ -127,7 +148,19 @@ def _in_parallel(fn: Callable[[FileEntry], _T], entries: list[FileEntry]) -> lis
     return results
 
 
-def _check_stored(entry: FileEntry, stat: BlobStat, chunk_size: int) -> None:
+def _check_stored(entry: FileEntry, stat: BlobStat, chunk_size: int, known: list[str] | None) -> None:
+    """Refuse a manifest entry that contradicts a stored blob: its verified chunk list, size or store checksum."""
+    if known is not None and list(entry.chunks) != known:
+        index = next((i for i, (a, b) in enumerate(zip(entry.chunks, known, strict=False)) if a != b), None)
+        if index is None:
+            where = f"the manifest states {len(entry.chunks)} chunks, the verified list has {len(known)}"
+        else:
+            where = f"first at chunk {index}: verified {known[index]}, the manifest states {entry.chunks[index]}"
+        raise IntegrityError(
+            f"file {entry.path}: blob {entry.sha256} was verified at chunk size {chunk_size} with chunk digests "
+            f"that differ from this manifest's ({where}); the manifest does not describe these bytes: rebuild it "
+            "from the files and publish again"
+        )
     if not stat_matches(stat, entry, chunk_size):
         raise IntegrityError(
             f"the store already holds blob {entry.sha256} ({entry.path}), but its size or checksums differ from "
@@ -135,23 +168,35 @@ def _check_stored(entry: FileEntry, stat: BlobStat, chunk_size: int) -> None:
         )
 
 
+def _check_empty(entry: FileEntry) -> None:
+    """An empty file's blob name must be the SHA-256 of nothing (else an empty object would squat the name)."""
+    if entry.sha256 != _EMPTY_SHA256:
+        raise IntegrityError(
+            f"file {entry.path} has size 0 but sha256 {entry.sha256}; an empty file hashes to {_EMPTY_SHA256}: "
+            "rebuild the manifest from the files and publish again"
+        )
+
+
 # --- opening and resuming -----------------------------------------------------------------------
 
 
-def _begin_uploads(store: OriginStore, manifest: Manifest) -> dict[str, str]:
+def _begin_uploads(store: OriginStore, manifest: Manifest, known: Mapping[str, list[str]]) -> dict[str, str]:
     """Open an upload for every blob the store lacks; ``{sha256: upload id}``.
 
-    If any blob fails, the uploads already opened are aborted again before the error is raised.
+    Stored blobs are checked against ``known`` (verified chunk lists); empty files need no upload
+    (commit writes them). If any blob fails, the uploads already opened are aborted again before
+    the error is raised.
     """
 
     def begin(entry: FileEntry) -> tuple[str, str | None, WeightshipError | None]:
         try:
+            if entry.size == 0:
+                _check_empty(entry)
             stat = store.stat_blob(entry.sha256)
             if stat is not None:
-                _check_stored(entry, stat, manifest.chunk_size)
+                _check_stored(entry, stat, manifest.chunk_size, known.get(entry.sha256))
                 return entry.sha256, None, None
             if entry.size == 0:
-                store.put_once(blob_key(entry.sha256), b"")
                 return entry.sha256, None, None
             return entry.sha256, store.begin_upload(entry.sha256, manifest.chunk_size), None
         except WeightshipError as err:
@@ -167,7 +212,7 @@ def _begin_uploads(store: OriginStore, manifest: Manifest) -> dict[str, str]:
 
 
 def _refresh(
-    store: OriginStore, uploads: Mapping[str, str], manifest: Manifest
+    store: OriginStore, uploads: Mapping[str, str], manifest: Manifest, known: Mapping[str, list[str]]
 ) -> tuple[dict[str, str], dict[str, set[int]]]:
     """Which parts each open upload holds; drops blobs published meanwhile and replaces lost uploads."""
     entries = [e for e in manifest.blobs() if e.sha256 in uploads]
@@ -176,7 +221,7 @@ def _refresh(
         sha, upload_id = entry.sha256, uploads[entry.sha256]
         stat = store.stat_blob(sha)
         if stat is not None:
-            _check_stored(entry, stat, manifest.chunk_size)
+            _check_stored(entry, stat, manifest.chunk_size, known.get(sha))
             store.abort_upload(sha, upload_id)
             return sha, None, set()
         try:
@@ -253,6 +298,7 @@ def open_session(state: Any, principal: Principal, create: UploadCreate) -> tupl
     now = clock_of(state)()
     ttl = timedelta(seconds=int(state.settings.upload_ttl_seconds))
     sweep_expired_uploads(state, now=now, limit=_SWEEP_BATCH)
+    known = known_chunk_lists(state, [e.sha256 for e in manifest.blobs()], manifest.chunk_size)
     with database_errors("opening an upload session"), state.sessions() as session:
         model = session.get(ModelRow, manifest.model)
         allow_pickle = create.allow_pickle or (model is not None and model.allow_pickle)
@@ -275,7 +321,7 @@ def open_session(state: Any, principal: Principal, create: UploadCreate) -> tupl
             .limit(1)
         ).first()
         if row is not None:
-            uploads, done = _refresh(store, row.uploads, manifest)
+            uploads, done = _refresh(store, row.uploads, manifest, known)
             row.uploads = uploads
             row.labels = labels
             row.allow_pickle = allow_pickle
@@ -283,7 +329,7 @@ def open_session(state: Any, principal: Principal, create: UploadCreate) -> tupl
             session.commit()
             log.info("upload_resumed session=%s model=%s digest=%s", row.id, row.model, row.digest)
             return _view(state, row, manifest, done, now), False
-    uploads = {} if ready else _begin_uploads(store, manifest)
+    uploads = {} if ready else _begin_uploads(store, manifest, known)
     row = UploadSessionRow(
         id="up_" + secrets.token_hex(16),
         model=manifest.model,
@@ -330,12 +376,12 @@ def _abort_all(store: OriginStore, uploads: Mapping[str, str], best_effort: bool
 
 
 def _abort(state: Any, row: UploadSessionRow, reason: str) -> None:
-    """Abort the session's store uploads, then mark it aborted (only if still open)."""
+    """Abort the session's store uploads, then mark it aborted (only if still open or verifying)."""
     _abort_all(state.store, row.uploads)
     with database_errors("aborting an upload session"), state.sessions() as session:
         session.execute(
             update(UploadSessionRow)
-            .where(UploadSessionRow.id == row.id, UploadSessionRow.state == "open")
+            .where(UploadSessionRow.id == row.id, UploadSessionRow.state.in_(_LIVE))
             .values(state="aborted")
         )
         session.commit()
@@ -344,7 +390,7 @@ def _abort(state: Any, row: UploadSessionRow, reason: str) -> None:
 
 
 def sweep_expired_uploads(state: Any, now: datetime | None = None, limit: int = 500) -> int:
-    """Abort up to ``limit`` open sessions past their expiry; returns how many were aborted.
+    """Abort up to ``limit`` open (or verifying) sessions past their expiry; returns how many were aborted.
 
     A store failure leaves that session open for the next sweep rather than failing the caller.
     """
@@ -352,7 +398,7 @@ def sweep_expired_uploads(state: Any, now: datetime | None = None, limit: int = 
     with database_errors("sweeping upload sessions"), state.sessions() as session:
         rows = session.scalars(
             select(UploadSessionRow)
-            .where(UploadSessionRow.state == "open", UploadSessionRow.expires_at <= now)
+            .where(UploadSessionRow.state.in_(_LIVE), UploadSessionRow.expires_at <= now)
             .order_by(UploadSessionRow.expires_at)
             .limit(limit)
         ).all()
@@ -376,11 +422,16 @@ def _load(state: Any, upload_id: str) -> UploadSessionRow:
 
 def _load_open(state: Any, upload_id: str, now: datetime) -> UploadSessionRow:
     row = _load(state, upload_id)
-    if row.state == "open" and row.expires_at <= now:
+    if row.state in _LIVE and row.expires_at <= now:
         _abort(state, row, "expired")
         raise ConflictError(
             f"upload session {upload_id} expired at {row.expires_at.isoformat()}; its parts were discarded: "
             "publish again (POST /v1/uploads)"
+        )
+    if row.state == "verifying":
+        raise ConflictError(
+            f"upload session {upload_id} is verifying its blobs for a commit already running; poll "
+            f"GET /v1/uploads/{upload_id} until it is committed (or open again), then act"
         )
     if row.state != "open":
         raise ConflictError(f"upload session {upload_id} is {row.state}; open a new one with POST /v1/uploads")
@@ -390,32 +441,67 @@ def _load_open(state: Any, upload_id: str, now: datetime) -> UploadSessionRow:
 # --- commit -------------------------------------------------------------------------------------
 
 
-def _publish_blobs(store: OriginStore, manifest: Manifest, uploads: Mapping[str, str]) -> None:
-    """Complete (and so verify) every upload; blobs already in the store are checked, not re-sent."""
+def _publish_blobs(
+    store: OriginStore, manifest: Manifest, uploads: Mapping[str, str], known: Mapping[str, list[str]]
+) -> list[FileEntry]:
+    """Verify every blob of ``manifest`` (module docstring); returns those whose chunk list was verified now."""
+    chunk_size = manifest.chunk_size
 
-    def publish(entry: FileEntry) -> None:
+    def publish(entry: FileEntry) -> FileEntry | None:
         sha, upload_id = entry.sha256, uploads.get(entry.sha256)
         stat = store.stat_blob(sha)
-        if stat is not None:
-            _check_stored(entry, stat, manifest.chunk_size)
-            if upload_id is not None:
-                store.abort_upload(sha, upload_id)
-            return
-        if entry.size == 0:
+        if stat is None and entry.size == 0:
+            _check_empty(entry)
             store.put_once(blob_key(sha), b"")
-            return
-        if upload_id is None:
-            raise ConflictError(
-                f"blob {sha} ({entry.path}) is not in the store and this session has no upload for it; "
-                "open the session again (POST /v1/uploads with the same manifest)"
-            )
-        if not store.complete_upload(sha, upload_id, plan_parts(entry, manifest.chunk_size)):
+            return entry
+        if stat is None:
+            if upload_id is None:
+                raise ConflictError(
+                    f"blob {sha} ({entry.path}) is not in the store and this session has no upload for it; "
+                    "open the session again (POST /v1/uploads with the same manifest)"
+                )
+            if store.complete_upload(sha, upload_id, plan_parts(entry, chunk_size)):
+                return entry  # every chunk and the whole file checked by the store before it was published
+            upload_id = None  # another upload published it first; check that one like any stored blob
             stat = store.stat_blob(sha)
             if stat is None:
                 raise StoreError(f"blob {sha} was reported present by {store.describe()} but cannot be found")
-            _check_stored(entry, stat, manifest.chunk_size)
+        _check_stored(entry, stat, chunk_size, known.get(sha))
+        if upload_id is not None:
+            store.abort_upload(sha, upload_id)
+        if sha in known:
+            return None
+        log.info("blob_verifying blob=%s path=%s chunk_size=%d bytes=%d", sha, entry.path, chunk_size, entry.size)
+        verify_stored(store, entry, chunk_size)
+        return entry
 
-    _in_parallel(publish, manifest.blobs())
+    return [e for e in _in_parallel(publish, manifest.blobs()) if e is not None]
+
+
+def _start_verifying(state: Any, row: UploadSessionRow, now: datetime) -> None:
+    """Move the session from open to verifying (compare-and-swap), so that one commit runs at a time."""
+    lease = now + timedelta(seconds=int(state.settings.upload_ttl_seconds))
+    with database_errors("starting a commit"), state.sessions() as session:
+        moved = session.execute(
+            update(UploadSessionRow)
+            .where(UploadSessionRow.id == row.id, UploadSessionRow.state == "open")
+            .values(state="verifying", expires_at=lease)
+        ).rowcount
+        session.commit()
+    if not moved:
+        _load_open(state, row.id, now)  # raises with the state it is in now
+        raise ConflictError(f"upload session {row.id} changed while committing; commit again")
+
+
+def _stop_verifying(state: Any, row: UploadSessionRow) -> None:
+    """Back to open after a refused or failed commit, so the publisher can fix it and commit again."""
+    with database_errors("ending a commit"), state.sessions() as session:
+        session.execute(
+            update(UploadSessionRow)
+            .where(UploadSessionRow.id == row.id, UploadSessionRow.state == "verifying")
+            .values(state="open")
+        )
+        session.commit()
 
 
 def commit_session(state: Any, principal: Principal, upload_id: str) -> VersionInfo:
@@ -433,7 +519,32 @@ def commit_session(state: Any, principal: Principal, upload_id: str) -> VersionI
     with database_errors("checking labels"), state.sessions() as session:
         check_labels_free(session, row.model, row.digest, labels)
     manifest = _manifest(row.manifest, row.digest)
-    _publish_blobs(store, manifest, row.uploads)
+    _start_verifying(state, row, now)
+    try:
+        known = known_chunk_lists(state, [e.sha256 for e in manifest.blobs()], manifest.chunk_size)
+        verified = _publish_blobs(store, manifest, row.uploads, known)
+        record_chunk_lists(state, verified, manifest.chunk_size, now)
+        info = _record(state, principal, row, manifest, labels, now)
+    except BaseException:
+        _stop_verifying(state, row)
+        raise
+    log.info(
+        "version_committed session=%s model=%s digest=%s labels=%s verified_blobs=%d by=%s",
+        row.id,
+        manifest.model,
+        manifest.digest,
+        ",".join(labels),
+        len(verified),
+        principal.name,
+    )
+    return info
+
+
+def _record(
+    state: Any, principal: Principal, row: UploadSessionRow, manifest: Manifest, labels: list[str], now: datetime
+) -> VersionInfo:
+    """Once every blob is verified: manifest, provenance and label objects, the ready row, the session closed."""
+    store: OriginStore = state.store
     key = manifest_key(manifest.digest)
     if not store.put_once(key, manifest.raw) and store.get_bytes(key, MAX_MANIFEST_BYTES) != manifest.raw:
         raise IntegrityError(
@@ -452,14 +563,6 @@ def commit_session(state: Any, principal: Principal, upload_id: str) -> VersionI
     with database_errors("closing an upload session"), state.sessions() as session:
         session.execute(update(UploadSessionRow).where(UploadSessionRow.id == row.id).values(state="committed"))
         session.commit()
-    log.info(
-        "version_committed session=%s model=%s digest=%s labels=%s by=%s",
-        row.id,
-        manifest.model,
-        manifest.digest,
-        ",".join(labels),
-        principal.name,
-    )
     return info
 
 
@@ -505,16 +608,17 @@ async def create_upload(
 
 @router.get("/{upload_id}", response_model=UploadSession)
 def get_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> UploadSession:
-    """A session with fresh part URLs and ``done`` flags."""
+    """A session with fresh part URLs and ``done`` flags; ``state`` is ``verifying`` while a commit checks its blobs."""
     state = request.app.state.ws
     now = clock_of(state)()
     row = _load(state, upload_id)
     manifest = _manifest(row.manifest, row.digest)
-    if row.state == "open" and row.expires_at <= now:
+    if row.state in _LIVE and row.expires_at <= now:
         _abort(state, row, "expired")
     done: dict[str, set[int]] = {}
     if row.state == "open":
-        uploads, done = _refresh(state.store, row.uploads, manifest)
+        known = known_chunk_lists(state, [e.sha256 for e in manifest.blobs()], manifest.chunk_size)
+        uploads, done = _refresh(state.store, row.uploads, manifest, known)
         if uploads != row.uploads:
             with database_errors("updating an upload session"), state.sessions() as session:
                 session.execute(update(UploadSessionRow).where(UploadSessionRow.id == row.id).values(uploads=uploads))

@@ -11,7 +11,9 @@ digest each label names, written once). ``rebuild_index`` reads them into an *em
 - every label record naming a recovered version of its model becomes a label row.
 
 Anything else is reported, not guessed at. Deployments, tokens and upload sessions are not in
-the store and are not recovered: re-create deployments and mint tokens after a recovery.
+the store and are not recovered: re-create deployments and mint tokens after a recovery. Nor are
+verified chunk lists (``blob_chunks``): safe to lose, since a blob without one is hashed again the
+first time a new manifest names it. Staged S3 uploads (``uploads/``) are not versions and are ignored.
 
 Command line::
 

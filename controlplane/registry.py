@@ -1,6 +1,9 @@
 """The version index: models, ready versions and their labels, and read access to their bytes.
 
-The database indexes what the origin store holds; the store is the truth. A version row is
+The database indexes what the origin store holds; the store is the truth. Beside versions it
+keeps each stored blob's *verified* chunk list per chunk size (``blob_chunks``): written only
+after every byte was checked under that geometry (``publish``), read to hold later manifests
+naming the blob to exactly that list. A version row is
 inserted only after every blob and the manifest are in the store (``publish``), and a label is
 claimed twice, in this order: a write-once ``labels/<model>/<label>`` object in the store (so
 labels survive the loss of the database, see ``recovery``), then its row. Labels never move: a
@@ -35,12 +38,19 @@ from sqlalchemy import exc, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.auth import ANY_ROLE, Principal, require
-from controlplane.db import LabelRow, ModelRow, VersionRow
+from controlplane.db import BlobChunksRow, LabelRow, ModelRow, VersionRow
 from controlplane.store import LocalStore, OriginStore, label_key, manifest_key
 from controlplane.store.signing import signed_blob_url, verify_blob_signature
 from weightship.digests import hex_of, is_hex, parse_digest, sha256_hex
 from weightship.errors import ConflictError, IntegrityError, NotFoundError, TemporaryError
-from weightship.manifest import MAX_MANIFEST_BYTES, PICKLE_SUFFIXES, Manifest, canonical_json, check_model_name
+from weightship.manifest import (
+    MAX_MANIFEST_BYTES,
+    PICKLE_SUFFIXES,
+    FileEntry,
+    Manifest,
+    canonical_json,
+    check_model_name,
+)
 from weightship.schemas import BlobURL, BlobURLRequest, BlobURLs, LabelCreate, ModelInfo, Role, VersionInfo
 
 __all__ = [
@@ -48,7 +58,9 @@ __all__ = [
     "check_labels_free",
     "claim_label_objects",
     "database_errors",
+    "known_chunk_lists",
     "pickle_files",
+    "record_chunk_lists",
     "record_version",
     "resolve_version",
     "router",
@@ -199,6 +211,50 @@ def record_version(
             except exc.IntegrityError:
                 session.rollback()
     raise ConflictError(f"version {manifest.digest} is being recorded by a concurrent publish; commit again")
+
+
+def known_chunk_lists(state: Any, blobs: Sequence[str], chunk_size: int) -> dict[str, list[str]]:
+    """``{blob sha256: verified chunk digests}`` of those of ``blobs`` verified at ``chunk_size``."""
+    if not blobs:
+        return {}
+    with database_errors("reading verified chunk lists"), state.sessions() as session:
+        rows = session.scalars(
+            select(BlobChunksRow).where(BlobChunksRow.chunk_size == chunk_size, BlobChunksRow.sha256.in_(set(blobs)))
+        ).all()
+    return {row.sha256: list(row.chunks) for row in rows}
+
+
+def record_chunk_lists(state: Any, entries: Sequence[FileEntry], chunk_size: int, now: datetime) -> None:
+    """Record the chunk lists of ``entries``, whose every byte was just verified at ``chunk_size``.
+
+    A list already recorded stays: it was verified from the same bytes, so it is the same list.
+    """
+    todo = {e.sha256: e for e in entries}
+    if not todo:
+        return
+    for _attempt in range(3):
+        with database_errors("recording verified chunk lists"), state.sessions() as session:
+            try:
+                known = set(
+                    session.scalars(
+                        select(BlobChunksRow.sha256).where(
+                            BlobChunksRow.chunk_size == chunk_size, BlobChunksRow.sha256.in_(set(todo))
+                        )
+                    )
+                )
+                for sha, entry in todo.items():
+                    if sha not in known:
+                        session.add(
+                            BlobChunksRow(
+                                sha256=sha, chunk_size=chunk_size, size=entry.size, chunks=list(entry.chunks),
+                                verified_at=now,
+                            )
+                        )  # fmt: skip
+                session.commit()
+                return
+            except exc.IntegrityError:
+                session.rollback()  # a concurrent commit recorded one of them; look again
+    raise ConflictError("verified chunk lists are being recorded by a concurrent publish; commit again")
 
 
 # --- routes -------------------------------------------------------------------------------------

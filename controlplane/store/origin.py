@@ -6,6 +6,8 @@ Layout (the same under an S3 prefix or a local directory)::
     manifests/sha256/<version-hex>     the canonical manifest bytes; the version id is their sha256
     provenance/sha256/<version-hex>    who first published the version and when (JSON)
     labels/<model>/<label>             the digest a label names (JSON), so labels survive the database
+    uploads/sha256/<file-sha256>/<id>  S3 only: a multipart upload, completed here and hashed before
+                                       it is copied to ``blobs/``; deleted once placed or refused
 
 Every object is written once and never overwritten: ``If-None-Match: *`` on S3, an exclusive
 create on disk. Objects are content-addressed (blobs, manifests) or claim a name for good
@@ -15,7 +17,9 @@ Blobs arrive through an *upload*: ``begin_upload`` opens one (an S3 multipart up
 staging directory), the client sends its parts (part ``n`` = chunk ``n - 1``) to where
 ``part_target`` says (a presigned S3 URL) or the control plane streams them into ``open_part``
 (local store), and ``complete_upload`` verifies every part against the manifest's chunk digests
-and publishes the blob under its final key, or raises and publishes nothing.
+and publishes the blob under its final key, or raises and publishes nothing. Whatever sits under
+``blobs/sha256/<sha>`` hashes to ``<sha>``: no client ever writes there, only ``complete_upload``
+after it checked the whole-file SHA-256 (see "Trust invariant" in ``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "LABELS",
     "MANIFESTS",
     "PROVENANCE",
+    "UPLOADS",
     "BlobStat",
     "OriginStore",
     "PartSpec",
@@ -51,9 +56,11 @@ BLOBS = "blobs/sha256/"
 MANIFESTS = "manifests/sha256/"
 PROVENANCE = "provenance/sha256/"
 LABELS = "labels/"
+UPLOADS = "uploads/sha256/"
 
 _KEY = re.compile(
     r"^(?:(?:blobs|manifests|provenance)/sha256/[0-9a-f]{64}"
+    r"|uploads/sha256/[0-9a-f]{64}/[0-9a-f]{32}"
     r"|labels/[a-z0-9][a-z0-9._-]{0,127}/[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
 )
 
@@ -179,7 +186,7 @@ class OriginStore(Protocol):
         ...
 
     def read_blob(self, sha256: str) -> Iterator[bytes]:
-        """The blob's bytes in pieces of bounded size (for a streaming re-hash)."""
+        """The blob's bytes in order, in pieces of bounded size (for a streaming re-hash)."""
         ...
 
     def begin_upload(self, sha256: str, part_size: int) -> str:

@@ -8,7 +8,11 @@ the part digests a store must end up with. Three ways to check them, cheapest fi
    over the raw part digests), which the store computes from the bytes it holds;
 3. a streaming re-hash of the bytes (``StreamVerifier``): every chunk and the whole file.
 
-Each needs no more memory than one read buffer.
+Only 3 checks a blob's *name*: part checksums say nothing about the whole-file SHA-256 of a blob
+of several chunks, so every such blob is re-hashed once before it is published (``S3Store``
+hashes the staged object; ``LocalStore`` the staged file), and ``verify_stored`` re-hashes a
+stored blob under a chunk size it was never verified with. Each needs no more memory than one
+read buffer.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 
-from controlplane.store.origin import BlobStat, PartSpec, UploadedPart
+from controlplane.store.origin import BlobStat, OriginStore, PartSpec, UploadedPart
 from weightship.chunks import chunk_ranges
 from weightship.digests import sha256_hex, sha256_stream
 from weightship.errors import ConflictError, IntegrityError
@@ -31,6 +35,7 @@ __all__ = [
     "normalize_checksum",
     "plan_parts",
     "stat_matches",
+    "verify_stored",
 ]
 
 
@@ -119,24 +124,35 @@ def check_uploaded(parts: Sequence[PartSpec], uploaded: Mapping[int, UploadedPar
 
 
 class StreamVerifier:
-    """Hashes a blob's bytes as they stream past: every chunk, and the whole file."""
+    """Hashes a blob's bytes as they stream past: every chunk (unless ``chunks`` is off) and the whole file.
 
-    def __init__(self, parts: Sequence[PartSpec], sha256: str) -> None:
+    ``chunks=False`` is for bytes whose chunk digests a store checksum already covers, so each
+    byte is hashed once, for the whole-file digest.
+    """
+
+    def __init__(self, parts: Sequence[PartSpec], sha256: str, *, chunks: bool = True) -> None:
         self._parts = list(parts)
         self._sha256 = sha256
+        self._chunks = chunks
         self._whole = sha256_stream()
         self._index = 0
         self._chunk = sha256_stream()
         self._in_chunk = 0
         self._total = 0
-        self.bad_parts: list[int] = []
+        #: ``(part number, the digest its bytes have)`` of each part that does not match
+        self.mismatches: list[tuple[int, str]] = []
+
+    @property
+    def bad_parts(self) -> list[int]:
+        """Numbers of the parts whose bytes do not match their chunk digests."""
+        return [number for number, _ in self.mismatches]
 
     def feed(self, data: bytes | memoryview) -> None:
         """Account for the next bytes of the blob."""
         view = memoryview(data)
         self._whole.update(view)
         self._total += len(view)
-        while view:
+        while view and self._chunks:
             if self._index >= len(self._parts):
                 return  # longer than expected; finish() reports the size
             part = self._parts[self._index]
@@ -145,8 +161,9 @@ class StreamVerifier:
             self._in_chunk += take
             view = view[take:]
             if self._in_chunk == part.length:
-                if self._chunk.hexdigest() != part.sha256:
-                    self.bad_parts.append(part.number)
+                actual = self._chunk.hexdigest()
+                if actual != part.sha256:
+                    self.mismatches.append((part.number, actual))
                 self._index += 1
                 self._chunk = sha256_stream()
                 self._in_chunk = 0
@@ -156,7 +173,7 @@ class StreamVerifier:
         expected = sum(p.length for p in self._parts)
         if self._total != expected:
             raise IntegrityError(f"blob {blob} holds {self._total} bytes, the manifest says {expected}")
-        if self.bad_parts:
+        if self.mismatches:
             shown = ", ".join(str(n) for n in self.bad_parts[:20])
             raise IntegrityError(
                 f"blob {blob}: parts {shown} do not match their chunk digests; upload them again, then commit"
@@ -167,3 +184,28 @@ class StreamVerifier:
                 f"blob {blob}: every chunk matches but the whole file hashes to {actual}; the manifest's "
                 "file sha256 is wrong: rebuild the manifest from the files and publish again"
             )
+
+
+def verify_stored(store: OriginStore, entry: FileEntry, chunk_size: int) -> None:
+    """Hash every byte of stored blob ``entry.sha256`` under ``chunk_size``: each chunk and the whole file.
+
+    For a manifest that names a blob the store already holds under a chunk size nobody verified
+    it with. ``IntegrityError`` names the file, the blob and the first chunk that differs.
+    """
+    parts = plan_parts(entry, chunk_size)
+    verifier = StreamVerifier(parts, entry.sha256)
+    for piece in store.read_blob(entry.sha256):
+        verifier.feed(piece)
+    try:
+        verifier.finish(entry.sha256)
+    except IntegrityError as exc:
+        if not verifier.mismatches:
+            raise IntegrityError(f"{entry.path}: {exc.message}") from None
+        number, actual = verifier.mismatches[0]
+        raise IntegrityError(
+            f"{entry.path}: the store's blob {entry.sha256} hashed under chunk size {chunk_size} differs from "
+            f"this manifest at chunk {number - 1} (bytes {parts[number - 1].offset}+{parts[number - 1].length}): "
+            f"it hashes to {actual}, the manifest states {parts[number - 1].sha256} "
+            f"({len(verifier.mismatches)} chunks differ); the manifest does not describe these bytes: rebuild it "
+            "from the files and publish again"
+        ) from None

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from sqlalchemy import update
 
 from controlplane.app import AppState
+from controlplane.db import UploadSessionRow
 from controlplane.publish import sweep_expired_uploads
 from controlplane.settings import Settings
 from controlplane.store import LocalStore, S3Store
@@ -221,3 +223,27 @@ def test_a_manifest_that_contradicts_a_stored_blob_is_refused(publisher: Publish
     response = publisher.open(canonical_json(doc))
     assert response.status_code == 422, response.text
     assert "differ from this manifest" in response.json()["error"]["message"]
+
+
+def test_a_session_shows_verifying_during_a_commit_and_a_second_commit_is_refused(
+    publisher: Publisher, make_model: ModelMaker, cp_state: AppState
+) -> None:
+    """While a commit checks the blobs the session reads ``verifying``; another commit then is a 409, not a race."""
+    root = make_model("m1", tensors_mb=0.1)
+    manifest = publisher.manifest(root, "llama")
+    session = publisher.session(manifest, ("v1",))
+    publisher.upload(session, root, manifest)
+
+    def set_state(state: str) -> None:
+        with cp_state.sessions() as db:
+            db.execute(update(UploadSessionRow).where(UploadSessionRow.id == session.id).values(state=state))
+            db.commit()
+
+    set_state("verifying")  # as a commit running in another request leaves it
+    shown = publisher.client.get(f"/v1/uploads/{session.id}", headers=publisher.headers).json()
+    assert shown["state"] == "verifying"
+    second = publisher.commit(session)
+    assert second.status_code == 409, second.text
+    assert "verifying" in second.json()["error"]["message"]
+    set_state("open")
+    assert publisher.commit(session).status_code == 200

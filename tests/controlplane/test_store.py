@@ -27,7 +27,7 @@ from controlplane.store import (
     open_store,
     store_from_url,
 )
-from controlplane.store.origin import BLOBS, LABELS, MANIFESTS, check_key
+from controlplane.store.origin import BLOBS, LABELS, MANIFESTS, UPLOADS, check_key
 from controlplane.store.parts import stat_matches
 from weightship.chunks import chunk_ranges
 from weightship.digests import sha256_hex
@@ -80,8 +80,9 @@ def send_part(store: OriginStore, sha: str, upload_id: str, part: PartSpec, data
 def plant_part(store: OriginStore, sha: str, upload_id: str, part: PartSpec, data: bytes) -> None:
     """Put ``data`` in the store as ``part`` behind the checks a client meets (a rogue client or a bad disk)."""
     if isinstance(store, S3Store):
+        staged, multipart = store._staging(sha, upload_id)
         store.client.upload_part(
-            Bucket=store.bucket, Key=store.prefix + blob_key(sha), UploadId=upload_id, PartNumber=part.number, Body=data
+            Bucket=store.bucket, Key=store.prefix + staged, UploadId=multipart, PartNumber=part.number, Body=data
         )
         return
     assert isinstance(store, LocalStore)
@@ -149,6 +150,7 @@ def test_an_uploaded_blob_is_published_once_and_verified(store: OriginStore) -> 
     _, _, again = upload(store, data)
     assert store.complete_upload(entry.sha256, again, parts) is False
     assert b"".join(store.read_blob(entry.sha256)) == data
+    assert staged_objects(store) == []
 
 
 def test_a_stored_blob_is_checked_against_the_chunks_it_was_verified_with(store: OriginStore) -> None:
@@ -193,9 +195,9 @@ def test_a_corrupt_part_fails_completion_and_publishes_nothing(store: OriginStor
 class ChecksumlessS3Store(S3Store):
     """An S3-compatible store that keeps no checksums (some do not): the control plane must re-hash."""
 
-    def stat_blob(self, sha256: str) -> BlobStat | None:
-        """The real stat, minus the checksum."""
-        stat = super().stat_blob(sha256)
+    def _head(self, key: str) -> BlobStat | None:
+        """The real head, minus the checksum."""
+        stat = super()._head(key)
         return None if stat is None else replace(stat, checksum=None)
 
 
@@ -244,18 +246,35 @@ def test_a_part_with_the_wrong_bytes_is_refused_on_arrival_locally(tmp_path: Pat
     assert store.uploaded_parts(entry.sha256, upload_id) == {}
 
 
-def test_a_manifest_with_a_wrong_file_digest_is_caught_by_the_local_rehash(tmp_path: Path) -> None:
-    """Chunks right, whole-file sha256 wrong: the local store's re-hash refuses the blob."""
-    store = LocalStore(tmp_path)
-    data = os.urandom(2 * CHUNK)
+def test_bytes_that_do_not_hash_to_the_blob_name_never_take_it(store: OriginStore) -> None:
+    """Every chunk right, whole-file sha256 wrong: the re-hash refuses it; the name stays free and nothing is staged.
+
+    On S3 each part passes S3's own checksum, so only the control plane's hash of the staged
+    object catches it; afterwards the honest bytes of that name publish normally.
+    """
+    data = os.urandom(2 * CHUNK + 77)
     _entry, parts = blob_of(data)
-    wrong = "0" * 64
-    upload_id = store.begin_upload(wrong, CHUNK)
+    honest = os.urandom(3 * CHUNK)
+    name = sha256_hex(honest)  # someone else's blob
+    upload_id = store.begin_upload(name, CHUNK)
     for part in parts:
-        send_part(store, wrong, upload_id, part, data[part.offset : part.offset + part.length])
+        send_part(store, name, upload_id, part, data[part.offset : part.offset + part.length])
     with pytest.raises(IntegrityError, match="whole file"):
-        store.complete_upload(wrong, upload_id, parts)
-    assert store.stat_blob(wrong) is None
+        store.complete_upload(name, upload_id, parts)
+    assert store.stat_blob(name) is None
+    assert staged_objects(store) == []
+    entry, honest_parts, honest_upload = upload(store, honest)
+    assert store.complete_upload(entry.sha256, honest_upload, honest_parts) is True
+    assert b"".join(store.read_blob(name)) == honest
+    assert staged_objects(store) == []
+
+
+def staged_objects(store: OriginStore) -> list[str]:
+    """Keys left under S3's staging prefix (the local store stages outside its key space)."""
+    if not isinstance(store, S3Store):
+        return []
+    listing = store.client.list_objects_v2(Bucket=store.bucket, Prefix=store.prefix + UPLOADS)
+    return [item["Key"] for item in listing.get("Contents", [])]
 
 
 def test_an_aborted_upload_is_gone(store: OriginStore) -> None:
