@@ -20,6 +20,7 @@ the caller and raise :class:`ComparisonError`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,12 +72,11 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, int]]) -> float 
         return None
     if not math.isinf(buckets[-1][0]):
         raise ComparisonError("latency histogram must end with an +inf bucket holding every observation")
-    total = buckets[-1][1]
-    rank = q * total
+    if any(later[1] < earlier[1] or later[0] <= earlier[0] for earlier, later in itertools.pairwise(buckets)):
+        raise ComparisonError("latency histogram must be cumulative: bounds ascending, counts never decreasing")
+    rank = q * buckets[-1][1]
     lower_bound, lower_count = 0.0, 0
     for bound, count in buckets:
-        if count < lower_count:
-            raise ComparisonError("latency histogram counts must be cumulative (never decreasing)")
         if count >= rank:
             if math.isinf(bound):
                 return lower_bound

@@ -67,7 +67,8 @@ def test_failure_at_second_analysis_flips_the_pointer_back_to_stable_in_the_same
     status = world.status
     assert status is not None
     assert status.abort_reason == AbortReason.ANALYSIS_FAILED
-    assert "error-rate" in status.message and "failureLimit 0" in status.message
+    assert "error-rate" in status.message
+    assert "failureLimit 0" in status.message
     first, second = sorted(status.analysis_runs, key=lambda r: r.step_index)
     assert (first.phase, second.phase) == (AnalysisPhase.SUCCESSFUL, AnalysisPhase.FAILED)
     # The reconcile that folded the failing measurement already asked for the flip back.
@@ -75,7 +76,8 @@ def test_failure_at_second_analysis_flips_the_pointer_back_to_stable_in_the_same
     assert (flip.stable, flip.canary, flip.canary_share) == (STABLE, None, 0.0)
     assert world.pointer == (STABLE, None, 0.0)
     assert world.tick().actions == ()
-    assert world.status is not None and world.status.phase is Phase.DEGRADED
+    assert world.status is not None
+    assert world.status.phase is Phase.DEGRADED
 
 
 def test_inconclusive_analysis_pauses_holding_traffic_until_promoted() -> None:
@@ -85,7 +87,9 @@ def test_inconclusive_analysis_pauses_holding_traffic_until_promoted() -> None:
     world.answers[(1, "error-rate")] = [0.03]  # neither condition true
     status = world.run(until=Phase.PAUSED)
     assert [p.reason for p in status.pause_conditions] == [PauseReason.INCONCLUSIVE_ANALYSIS]
-    assert status.run_for_step(1) is not None and status.run_for_step(1).phase is AnalysisPhase.INCONCLUSIVE  # type: ignore[union-attr]
+    run = status.run_for_step(1)
+    assert run is not None
+    assert run.phase is AnalysisPhase.INCONCLUSIVE
     for _ in range(5):
         assert not [a for a in world.tick(60).actions if isinstance(a, SetPointer | MeasureMetric)]
     assert world.pointer == (STABLE, CANARY, 0.2)
@@ -100,7 +104,8 @@ def test_no_data_is_never_success(no_data: object) -> None:
     world.answers[(1, "error-rate")] = [no_data]
     status = world.run(until=Phase.PAUSED)
     run = status.run_for_step(1)
-    assert run is not None and run.phase is AnalysisPhase.INCONCLUSIVE
+    assert run is not None
+    assert run.phase is AnalysisPhase.INCONCLUSIVE
     assert "no data" in run.metrics[0].measurements[0].message
     assert world.pointer == (STABLE, CANARY, 0.1)
 
@@ -112,7 +117,9 @@ def test_no_data_counted_as_error_by_policy_aborts_after_the_consecutive_error_l
     status = world.run(until=Phase.DEGRADED)
     assert status.abort_reason == AbortReason.ANALYSIS_ERROR
     run = status.run_for_step(1)
-    assert run is not None and run.metrics[0].errors == 3 and run.metrics[0].count == 0
+    assert run is not None
+    assert run.metrics[0].errors == 3
+    assert run.metrics[0].count == 0
     assert world.pointer == (STABLE, None, 0.0)
 
 
@@ -131,8 +138,10 @@ def test_prefetch_gate_holds_traffic_until_the_share_is_staged() -> None:
         result = world.tick(30)
         assert world.share == 0.0
         assert StageVersion(CANARY, 0.75) in result.actions
-    assert world.status is not None and world.status.phase is Phase.PROGRESSING
-    assert "1/4 target nodes" in world.status.message and "node-3: disk full" in world.status.message
+    assert world.status is not None
+    assert world.status.phase is Phase.PROGRESSING
+    assert "1/4 target nodes" in world.status.message
+    assert "node-3: disk full" in world.status.message
     assert "no traffic moves until 75%" in world.status.message
     world.staged_nodes = 3  # 75 % exactly
     assert world.run().phase is Phase.HEALTHY
@@ -141,10 +150,13 @@ def test_prefetch_gate_holds_traffic_until_the_share_is_staged() -> None:
 def test_progress_deadline_aborts_a_prefetch_that_cannot_finish() -> None:
     # 40 GB at 100 MB/s measured: max(600, 2 * 400 + 300) = 1100 s, not Argo's fixed 600 s.
     spec = make_spec({"prefetch": {}}, {"setWeight": 25})
-    world = World(spec, staged_nodes=3, stage_failures=("node-3: disk full",), version_bytes=40 * 10**9, fetch_rate=100 * 10**6)
+    world = World(
+        spec, staged_nodes=3, stage_failures=("node-3: disk full",), version_bytes=40 * 10**9, fetch_rate=100 * 10**6
+    )
     world.tick()
     status = world.status
-    assert status is not None and status.deadline_at == T0 + timedelta(seconds=1100)
+    assert status is not None
+    assert status.deadline_at == T0 + timedelta(seconds=1100)
     world.now = T0 + timedelta(seconds=1099)
     assert world.tick().status.phase is Phase.PROGRESSING
     world.now = T0 + timedelta(seconds=1100)
@@ -176,11 +188,15 @@ def test_abort_returns_all_traffic_to_stable_at_once_and_stays_degraded() -> Non
     assert world.status is not None
     world.status = verbs.abort_rollout(FULL, world.status, world.now, "bad outputs reported by users")
     result = world.tick()
-    assert [(a.stable, a.canary, a.canary_share) for a in result.actions if isinstance(a, SetPointer)] == [(STABLE, None, 0.0)]
-    assert result.status.phase is Phase.DEGRADED and "bad outputs" in result.status.message
+    assert [(a.stable, a.canary, a.canary_share) for a in result.actions if isinstance(a, SetPointer)] == [
+        (STABLE, None, 0.0)
+    ]
+    assert result.status.phase is Phase.DEGRADED
+    assert "bad outputs" in result.status.message
     for _ in range(20):  # level-triggered: it stays there and asks for nothing more
         assert world.tick(60).actions == ()
-    assert world.pointer == (STABLE, None, 0.0)
+    assert world.stable == STABLE
+    assert (world.canary, world.share) == (None, 0.0)
 
 
 def test_retry_starts_again_from_the_first_step_as_a_new_attempt() -> None:
@@ -189,7 +205,9 @@ def test_retry_starts_again_from_the_first_step_as_a_new_attempt() -> None:
     failed = world.run(until=Phase.DEGRADED)
     world.answers.clear()
     world.status = verbs.retry(FULL, failed, world.now)
-    assert world.status.step_index == 0 and world.status.attempt == 2 and world.status.analysis_runs == ()
+    assert world.status.step_index == 0
+    assert world.status.attempt == 2
+    assert world.status.analysis_runs == ()
     status = world.run()
     assert status.phase is Phase.HEALTHY
     assert {r.run_id.split("-a")[1][0] for r in status.analysis_runs} == {"2"}
@@ -201,7 +219,8 @@ def test_a_changed_spec_leaves_degraded_and_starts_over() -> None:
     world.run(until=Phase.DEGRADED)
     world.spec = make_spec({"setWeight": 30})  # the operator edits the spec
     status = world.run()
-    assert status.phase is Phase.HEALTHY and status.attempt == 1
+    assert status.phase is Phase.HEALTHY
+    assert status.attempt == 1
     assert world.pointer == (CANARY, None, 0.0)
 
 
@@ -214,17 +233,20 @@ def test_promote_full_skips_steps_pauses_and_analysis_even_while_paused() -> Non
     result = world.tick()
     assert [(a.stable, a.canary) for a in result.actions if isinstance(a, SetPointer)] == [(CANARY, None)]
     assert world.run().phase is Phase.HEALTHY
-    assert world.status is not None and world.status.analysis_runs == ()
+    assert world.status is not None
+    assert world.status.analysis_runs == ()
 
 
 def test_promote_moves_past_an_indefinite_pause_one_step_at_a_time() -> None:
     spec = make_spec({"setWeight": 10}, {"pause": {}}, {"setWeight": 40}, {"pause": {}})
     world = World(spec)
     status = world.run(until=Phase.PAUSED)
-    assert world.pointer == (STABLE, CANARY, 0.1) and status.step_index == 1
+    assert world.pointer == (STABLE, CANARY, 0.1)
+    assert status.step_index == 1
     world.status = verbs.promote(spec, status, world.now)
     status = world.run(until=Phase.PAUSED)
-    assert world.pointer == (STABLE, CANARY, 0.4) and status.step_index == 3
+    assert world.pointer == (STABLE, CANARY, 0.4)
+    assert status.step_index == 3
 
 
 def test_manual_pause_holds_progress_while_analysis_keeps_judging() -> None:
@@ -232,13 +254,16 @@ def test_manual_pause_holds_progress_while_analysis_keeps_judging() -> None:
     world = World(spec)
     world.tick()
     world.tick()  # the pointer is at 10 %: the analysis step starts
-    assert world.status is not None and world.status.step_index == 1
+    assert world.status is not None
+    assert world.status.step_index == 1
     world.status = verbs.pause(spec, world.status, world.now)
     for _ in range(10):
         world.tick(60)
-    assert world.status.phase is Phase.PAUSED and world.pointer == (STABLE, CANARY, 0.1)
+    assert world.status.phase is Phase.PAUSED
+    assert world.pointer == (STABLE, CANARY, 0.1)
     run = world.status.run_for_step(1)
-    assert run is not None and run.phase is AnalysisPhase.SUCCESSFUL  # measured while paused
+    assert run is not None
+    assert run.phase is AnalysisPhase.SUCCESSFUL
     world.status = verbs.resume(spec, world.status, world.now)
     assert world.run().phase is Phase.HEALTHY
 
@@ -249,7 +274,8 @@ def test_paused_rollout_still_aborts_on_a_failed_analysis() -> None:
     world.answers[(1, "error-rate")] = [0.9]
     world.tick()
     world.tick()
-    assert world.status is not None and world.status.step_index == 1
+    assert world.status is not None
+    assert world.status.step_index == 1
     world.status = verbs.pause(spec, world.status, world.now)
     assert world.run(until=Phase.DEGRADED).abort_reason == AbortReason.ANALYSIS_FAILED
     assert world.pointer == (STABLE, None, 0.0)
@@ -283,7 +309,8 @@ def test_reconcile_is_level_triggered_and_never_counts_a_measurement_twice() -> 
     for _ in range(12):
         world.tick(30)
     status, observations = world.status, world.observe()
-    assert status is not None and observations.measurements
+    assert status is not None
+    assert observations.measurements
     first = reconcile(FULL, status, observations, world.now)
     assert reconcile(FULL, status, observations, world.now) == first
     second = reconcile(FULL, first.status, observations, world.now)
@@ -298,13 +325,15 @@ def test_a_lost_pointer_write_is_asked_for_again_with_the_new_epoch() -> None:
     world.epoch = 7  # someone else's write in between (same content)
     again = world.reconcile()
     (retried,) = [a for a in again.actions if isinstance(a, SetPointer)]
-    assert replace(retried, expected_epoch=lost.expected_epoch) == lost and retried.expected_epoch == 7
+    assert replace(retried, expected_epoch=lost.expected_epoch) == lost
+    assert retried.expected_epoch == 7
 
 
 def test_first_deploy_skips_the_steps() -> None:
     world = World(FULL, stable=None)
     status = world.run()
-    assert status.phase is Phase.HEALTHY and "first deploy" in status.message
+    assert status.phase is Phase.HEALTHY
+    assert "first deploy" in status.message
     assert world.pointer_writes == [SetPointer(CANARY, None, 0.0, world.pointer_writes[0].reason, 1)]
 
 
@@ -322,7 +351,8 @@ def test_setweight_waits_until_the_canary_nodes_serve_it() -> None:
     world = World(make_spec({"setWeight": 50}, {"pause": {}}), canary_nodes_ready=False)
     for _ in range(5):
         world.tick(10)
-    assert world.status is not None and world.status.step_index == 0
+    assert world.status is not None
+    assert world.status.step_index == 0
     assert "0/2 canary nodes serving" in world.status.message
     world.canary_nodes_ready = True
     assert world.run(until=Phase.PAUSED).step_index == 1
