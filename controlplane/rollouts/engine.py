@@ -99,7 +99,7 @@ def _pointer_action(
 
 
 def _aborted(status: RolloutStatus, observations: Observations) -> Reconciliation:
-    if status.stable is None or observations.pointer.stable != status.stable:
+    if status.stable is None or observations.pointer.stable not in (status.stable, status.version):
         return Reconciliation((), status)  # not ours to move back (see ownership above)
     reason = f"rollout aborted: {status.message}"
     return Reconciliation(_pointer_action(observations, status.stable, None, 0.0, reason), status)

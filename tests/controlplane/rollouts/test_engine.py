@@ -199,6 +199,19 @@ def test_abort_returns_all_traffic_to_stable_at_once_and_stays_degraded() -> Non
     assert (world.canary, world.share) == (None, 0.0)
 
 
+def test_abort_after_the_final_pointer_write_still_returns_to_stable() -> None:
+    spec = make_spec({"setWeight": 10})
+    world = World(spec)
+    world.tick()
+    world.tick()  # the last step is done: the engine writes the canary as stable
+    assert world.pointer == (CANARY, None, 0.0)
+    assert world.status is not None
+    assert not world.status.completed  # not observed yet
+    world.status = verbs.abort_rollout(spec, world.status, world.now)
+    world.run(until=Phase.DEGRADED)
+    assert world.pointer == (STABLE, None, 0.0)
+
+
 def test_retry_starts_again_from_the_first_step_as_a_new_attempt() -> None:
     world = World(FULL)
     world.answers[(2, "error-rate")] = [0.5]
