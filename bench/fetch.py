@@ -13,20 +13,25 @@ Two origins, each measured with both clients:
 
 * ``curl``: one ``curl`` process downloads every blob of the version (one GET per blob, one
   connection reused) into files on the same disk. It verifies nothing and syncs nothing.
+* ``curl_verified``: what a careful user does instead of the agent: per file,
+  ``curl URL | tee FILE | openssl dgst -sha256``, all files at once, then compares each digest
+  with the manifest's. It verifies whole files (not chunks before they are written) and syncs
+  nothing.
 * ``agent``: a real ``weightship-agent`` process, registered and idle, is pointed at the version;
   timed from the pointer update to the local API reporting it ready. That covers the long-poll
   wake-up, manifest, blob URLs, range requests with bounded concurrency, SHA-256 of every chunk
   before it is written, fsync of every file, the verification record, the rename into
   ``versions/`` and the ``current`` switch. A fresh data directory and agent each round.
 
-Rounds alternate curl and agent (``--repeat``) so a noisy shared machine hurts both alike; the
+Rounds alternate curl, curl_verified and agent (``--repeat``) so a noisy shared machine hurts both alike; the
 figures use each side's best round, medians are printed too. The origin's files are read once
 beforehand so every round starts from a warm page cache on the origin side.
 
 Usage: python bench/fetch.py [--size 2GiB] [--files 4] [--chunk-size 64MiB] [--concurrency 8]
                              [--repeat 3] [--dir PATH]
 Last line: one JSON object; ``ratio_vs_curl`` = agent GB/s / curl GB/s (sendfile origin, best
-rounds); ``ratio_vs_curl_controlplane_origin`` the same with the control plane serving.
+rounds); ``ratio_vs_curl_verified`` = agent GB/s / curl_verified GB/s (same origin, best rounds);
+``ratio_vs_curl_controlplane_origin`` the same as ``ratio_vs_curl`` with the control plane serving.
 """
 
 from __future__ import annotations
@@ -164,6 +169,33 @@ class Bench:
         shutil.rmtree(out)
         return seconds
 
+    def curl_verified(self, cp_url: str, blobs: list[str], size: int) -> float:
+        """Seconds for ``curl | tee FILE | openssl dgst -sha256`` per blob, all at once, digests checked."""
+        out = self.work / "curl-verified"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        with Client(cp_url, ADMIN) as client:
+            urls = client.blob_urls(blobs).urls
+        script = 'set -o pipefail; curl -sS --fail "$1" | tee "$2" | openssl dgst -sha256 -r'
+        t = time.monotonic()
+        procs = {
+            blob: subprocess.Popen(
+                ["bash", "-c", script, "curl-verified", urls[blob].url, str(out / blob)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for blob in blobs
+        }
+        digests = {blob: proc.communicate()[0].split()[0] for blob, proc in procs.items()}
+        seconds = time.monotonic() - t
+        for blob, proc in procs.items():
+            assert proc.returncode == 0, f"curl | tee | openssl failed for {blob}"
+            assert digests[blob] == blob, f"{blob}: openssl computed {digests[blob]}"
+        got = sum((out / b).stat().st_size for b in blobs)
+        assert got == size, f"curl_verified fetched {got} bytes, expected {size}"
+        shutil.rmtree(out)
+        return seconds
+
     def agent(self, cp_url: str, token: str, digest: str) -> tuple[float, int]:
         """Seconds from a pointer update to a fresh agent serving ``digest``, and its bytes downloaded."""
         self.rounds += 1
@@ -244,39 +276,53 @@ def main() -> None:
                     pass
         static_port = free_port()
         bench.spawn([PY, __file__, "--serve-static", str(blob_dir), str(static_port)], "static.log")
+        # The control plane refuses a public URL on loopback where nothing listens yet.
+        wait_until(
+            lambda: socket.create_connection(("127.0.0.1", static_port), timeout=1).close() or True,
+            60,
+            "the static origin",
+        )
         origins = {"sendfile": bench.controlplane(f"http://127.0.0.1:{static_port}"), "controlplane": cp_url}
 
         results: dict[str, dict[str, Any]] = {}
         for origin, url in origins.items():
             curl_s: list[float] = []
+            verified_s: list[float] = []
             agent_s: list[float] = []
             downloaded: list[int] = []
             for round_ in range(args.repeat):
                 curl_s.append(bench.curl(url, blobs, version.size))
+                verified_s.append(bench.curl_verified(url, blobs, version.size))
                 seconds, got = bench.agent(url, token, version.digest)
                 agent_s.append(seconds)
                 downloaded.append(got)
                 print(
                     f"{origin} round {round_ + 1}: curl {curl_s[-1]:.3f}s "
-                    f"({version.size / curl_s[-1] / 1e9:.3f} GB/s), agent {seconds:.3f}s "
+                    f"({version.size / curl_s[-1] / 1e9:.3f} GB/s), curl|tee|openssl {verified_s[-1]:.3f}s "
+                    f"({version.size / verified_s[-1] / 1e9:.3f} GB/s), agent {seconds:.3f}s "
                     f"({version.size / seconds / 1e9:.3f} GB/s), agent downloaded {got} bytes",
                     flush=True,
                 )
             curl_gbps = version.size / min(curl_s) / 1e9
+            verified_gbps = version.size / min(verified_s) / 1e9
             agent_gbps = version.size / min(agent_s) / 1e9
             print(
                 f"{origin}: curl best {curl_gbps:.3f} GB/s (median {statistics.median(curl_s):.3f}s), "
+                f"curl|tee|openssl best {verified_gbps:.3f} GB/s (median {statistics.median(verified_s):.3f}s), "
                 f"agent best {agent_gbps:.3f} GB/s (median {statistics.median(agent_s):.3f}s), "
-                f"ratio {agent_gbps / curl_gbps:.3f}",
+                f"ratio vs curl {agent_gbps / curl_gbps:.3f}, vs curl verified {agent_gbps / verified_gbps:.3f}",
                 flush=True,
             )
             results[origin] = {
                 "curl_seconds": [round(s, 4) for s in curl_s],
+                "curl_verified_seconds": [round(s, 4) for s in verified_s],
                 "agent_seconds": [round(s, 4) for s in agent_s],
                 "agent_bytes_downloaded": downloaded,
                 "curl_gbps": round(curl_gbps, 4),
+                "curl_verified_gbps": round(verified_gbps, 4),
                 "agent_gbps": round(agent_gbps, 4),
                 "ratio": round(agent_gbps / curl_gbps, 4),
+                "ratio_vs_curl_verified": round(agent_gbps / verified_gbps, 4),
             }
         print(
             json.dumps(
@@ -293,6 +339,9 @@ def main() -> None:
                     "curl_gbps": results["sendfile"]["curl_gbps"],
                     "agent_gbps": results["sendfile"]["agent_gbps"],
                     "ratio_vs_curl": results["sendfile"]["ratio"],
+                    "curl_verified_gbps": results["sendfile"]["curl_verified_gbps"],
+                    "ratio_vs_curl_verified": results["sendfile"]["ratio_vs_curl_verified"],
+                    "load_average": round(os.getloadavg()[0], 2),
                     "ratio_vs_curl_controlplane_origin": results["controlplane"]["ratio"],
                 }
             )

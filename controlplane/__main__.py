@@ -8,15 +8,27 @@ Everything else is configured by environment variables (``controlplane.settings`
 ``WEIGHTSHIP_DATABASE_URL``, ``WEIGHTSHIP_STORE``, ``WEIGHTSHIP_ADMIN_TOKEN``, ... ``serve``
 migrates the database at start-up too, so ``migrate`` is only needed to do it ahead of a rollout
 or to see where a database stands.
+
+The public URL (``WEIGHTSHIP_PUBLIC_URL``) is where agents fetch the blob URLs this process signs.
+When it is not set, ``serve`` derives it from the address it actually bound (the host name when
+binding every interface), and it logs the URL it uses. A public URL that cannot reach this
+process stops ``serve`` with one line and exit status 1, instead of handing agents URLs that
+fail forever: not http/https, unparseable, loopback while binding another address, or loopback
+or the bound host on another port where nothing listens (a proxy in front, started first, is
+fine).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import ipaddress
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 __all__ = ["main"]
 
@@ -39,15 +51,114 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # binding these means every interface
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _derive_public_url(bind_host: str, port: int) -> str:
+    """The URL at which this process is reachable when nobody said otherwise."""
+    host = socket.gethostname() if bind_host in _WILDCARD_HOSTS else bind_host
+    return f"http://{_url_host(host)}:{port}"
+
+
+def _check_public_url(url: str, bind_host: str, port: int) -> str:
+    """``url`` without a trailing slash, or a ``WeightshipError`` saying why it cannot reach this process."""
+    from weightship.errors import WeightshipError
+
+    fix = f"set WEIGHTSHIP_PUBLIC_URL to the URL agents reach this process at, e.g. http://HOST:{port}, or unset it"
+    try:
+        parts = urlsplit(url)
+        url_port = parts.port
+    except ValueError as exc:
+        raise WeightshipError(f"WEIGHTSHIP_PUBLIC_URL {url!r} is not a URL ({exc}); {fix}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WeightshipError(f"WEIGHTSHIP_PUBLIC_URL {url!r} is not an http:// or https:// URL with a host; {fix}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise WeightshipError(f"WEIGHTSHIP_PUBLIC_URL {url!r} must not carry a query, fragment or user; {fix}")
+    host = parts.hostname
+    effective = url_port if url_port is not None else (443 if parts.scheme == "https" else 80)
+    local = _is_loopback(host) or host == bind_host.strip("[]")
+    if local and effective != port and not _listening(host, effective):
+        # Another port on this host is right only behind a proxy there, and a proxy is started first.
+        raise WeightshipError(
+            f"WEIGHTSHIP_PUBLIC_URL {url!r} names port {effective} on this host, but the control plane listens on "
+            f"port {port} and nothing listens on {effective}: every blob URL handed to agents would fail; {fix}"
+        )
+    if _is_loopback(host) and bind_host not in _WILDCARD_HOSTS and not _is_loopback(bind_host):
+        raise WeightshipError(
+            f"WEIGHTSHIP_PUBLIC_URL {url!r} is a loopback address, but the control plane listens only on "
+            f"{bind_host}; {fix}"
+        )
+    return url.rstrip("/")
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` right now."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: any free one), or one clear error."""
+    from weightship.errors import WeightshipError
+
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        raise WeightshipError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --host/--port, "
+            "or stop the process that holds it"
+        ) from None
+    return sock
+
+
 def _serve(host: str, port: int, log_level: str) -> int:
     import uvicorn
 
     from controlplane.app import create_app
     from controlplane.settings import Settings
 
-    settings = Settings()
-    log.info("controlplane_starting host=%s port=%d store=%s", host, port, settings.store_url)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, proxy_headers=True)
+    sock = _bind(host, port)
+    bound_port = int(sock.getsockname()[1])
+    explicit = os.environ.get("WEIGHTSHIP_PUBLIC_URL", "").strip()
+    try:
+        public_url = _check_public_url(explicit, host, bound_port) if explicit else _derive_public_url(host, bound_port)
+    except BaseException:
+        sock.close()
+        raise
+    settings = dataclasses.replace(Settings(), public_url=public_url)
+    log.info(
+        "controlplane_starting host=%s port=%d public_url=%s public_url_from=%s store=%s",
+        host,
+        bound_port,
+        public_url,
+        "WEIGHTSHIP_PUBLIC_URL" if explicit else "bound_address",
+        settings.store_url,
+    )
+    config = uvicorn.Config(
+        create_app(settings), host=host, port=bound_port, log_level=log_level, proxy_headers=True
+    )
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

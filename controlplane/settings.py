@@ -35,7 +35,8 @@ class Settings:
     admin_token: str = field(default_factory=lambda: _env("WEIGHTSHIP_ADMIN_TOKEN", ""))
     #: key for signing blob URLs the control plane serves itself (local store)
     url_signing_key: str = field(default_factory=lambda: _env("WEIGHTSHIP_URL_SIGNING_KEY", secrets.token_hex(32)))
-    #: base URL at which agents and clients reach this control plane
+    #: base URL at which agents and clients reach this control plane; ``serve`` derives it from the
+    #: address it binds when WEIGHTSHIP_PUBLIC_URL is unset (this default serves in-process apps)
     public_url: str = field(default_factory=lambda: _env("WEIGHTSHIP_PUBLIC_URL", "http://127.0.0.1:8080"))
     upload_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_UPLOAD_TTL", "86400")))
     #: how often abandoned publish sessions are looked for and aborted

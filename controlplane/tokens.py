@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response, status
 from sqlalchemy import exc, select, update
 
-from controlplane.auth import Principal, hash_secret, new_secret, require
+from controlplane.auth import ANY_ROLE, Principal, hash_secret, new_secret, require
 from controlplane.db import TokenRow, utcnow
 from weightship.errors import NotFoundError
 from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo
@@ -111,6 +111,16 @@ def list_tokens(request: Request, _principal: Principal = Depends(require(Role.a
             select(TokenRow).where(TokenRow.revoked.is_(False)).order_by(TokenRow.created_at, TokenRow.id)
         ).all()
         return [_info(row) for row in rows]
+
+
+@router.get("/self", response_model=TokenInfo)
+def who_am_i(request: Request, principal: Principal = Depends(require(*ANY_ROLE))) -> TokenInfo:
+    """The caller's own token (any role): lets a client check URL, token and role before long work."""
+    with request.app.state.ws.sessions() as session:
+        row = session.get(TokenRow, principal.token_id)
+    if row is None:  # revoked and deleted between the two reads; tokens are never deleted today
+        raise NotFoundError(f"token {principal.token_id!r} no longer exists; ask an admin for a new one")
+    return _info(row)
 
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)

@@ -3,8 +3,10 @@
 Starts a local S3 (moto's server, its own process) and the control plane (its own process,
 SQLite), generates a ~200 MB llama-style model, publishes v1 and v2 (v2 shares shards with v1,
 which are not uploaded again), starts 4 node agents (their own processes) that fetch and verify
-v1, switches the deployment to v2, rolls back to v1, and prints what happened. The last line is
-one JSON object of the figures.
+v1, switches the deployment to v2 and waits until the model server answers requests with v2
+(hot-swap under traffic), rolls back to v1 and waits until it answers with v1 again, and prints
+what happened. The last line is one JSON object of the figures; ``serve_versions_seen`` lists
+the digests the answers came from, in order (v1, v2, v1).
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ class Traffic:
         self.ok = 0
         self.failed = 0
         self.digests: set[str] = set()
+        #: the digests answers came from, in order, each change recorded once (v1, v2, v1, ...)
+        self.sequence: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -116,11 +120,18 @@ class Traffic:
                     r = http.post(self.url + "/v1/generate", json={"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 1})
                     if r.status_code == 200:
                         self.ok += 1
-                        self.digests.add(r.json()["digest"])
+                        digest = str(r.json()["digest"])
+                        self.digests.add(digest)
+                        if not self.sequence or self.sequence[-1] != digest:
+                            self.sequence.append(digest)
                     else:
                         self.failed += 1
                 except httpx.HTTPError:
                     self.failed += 1
+
+    def answered_with(self, digest: str, changes: int) -> bool:
+        """Whether answers came from ``digest`` after at least ``changes`` changes of version."""
+        return len(self.sequence) > changes and self.sequence[-1] == digest
 
     def start(self) -> None:
         self._thread.start()
@@ -301,6 +312,11 @@ def main() -> None:
         wait_until("heartbeats to report v2", lambda: reported(v2))
         after_v2 = counters()
         console.print(f"all agents switched to v2 in {took:.1f}s")
+        # Hot-swap under traffic: the model server must answer with v2 before anything rolls back.
+        took = wait_until(
+            "the model server to answer requests with v2", lambda: traffic.answered_with(v2, 1), timeout=120
+        )
+        console.print(f"model server hot-swapped to v2 under traffic; answering with v2 after {took:.1f}s more")
 
         # 6. Roll back: a pointer flip to the copy already on every disk.
         start = time.monotonic()
@@ -310,11 +326,14 @@ def main() -> None:
         rollback_all = time.monotonic() - start
         wait_until("heartbeats to report the rollback", lambda: reported(v1))
         after_rb = counters()
-        wait_until("the model server to hot-swap back to v1", lambda: served_digest(serve_url) == v1, timeout=120)
+        wait_until(
+            "the model server to answer requests with v1 again", lambda: traffic.answered_with(v1, 2), timeout=120
+        )
         traffic.stop()
+        seen = " -> ".join(("v1" if d == v1 else "v2" if d == v2 else d[:19]) for d in traffic.sequence)
         console.print(
             f"model server: {traffic.ok} requests answered during the switch and the rollback, "
-            f"{traffic.failed} failed, served {len(traffic.digests)} versions"
+            f"{traffic.failed} failed; versions seen in answers, in order: {seen}"
         )
 
         table = Table("agent", "v1 download", "v2 switch download", "rollback download")
@@ -348,6 +367,7 @@ def main() -> None:
             "v2_switch_bytes_downloaded": sum(after_v2[n] - after_v1[n] for n in after_v2),
             "serve_requests": traffic.ok + traffic.failed,
             "serve_failed_requests": traffic.failed,
+            "serve_versions_seen": traffic.sequence,
         }
         print(json.dumps(figures))
     finally:

@@ -157,7 +157,7 @@ def _out(run: _Run, data: Any, human: Callable[[], RenderableType | None]) -> No
         return
     renderable = human()
     if renderable is not None:
-        Console(highlight=False).print(renderable)
+        display.console().print(renderable)
 
 
 def _jsonable(data: Any) -> Any:
@@ -209,7 +209,11 @@ def publish(
     ] = False,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, help="Parts uploaded at once.")] = 8,
 ) -> None:
-    """Publish DIRECTORY as an immutable version: upload only what the store lacks, then commit."""
+    """Publish DIRECTORY as an immutable version: upload only what the store lacks, then commit.
+
+    URL, token, role and labels are checked before anything is hashed. Hidden names (such as
+    .gitattributes) are not part of a version; they are listed as skipped.
+    """
     run = _run(ctx)
     size = _parse_size(chunk_size)
     with run.client() as client, contextlib.ExitStack() as stack:
@@ -239,9 +243,11 @@ def publish(
         "bytes_resumed": result.bytes_resumed,
         "parts_uploaded": result.parts_uploaded,
         "hash_seconds": round(result.hash_seconds, 4),
+        "hash_bytes_per_second": round(result.hash_bytes_per_second),
         "upload_seconds": round(result.upload_seconds, 4),
         "commit_seconds": round(result.commit_seconds, 4),
         "upload_id": result.upload_id,
+        "skipped": list(result.skipped),
         "version": result.version,
     }
     _out(run, data, lambda: display.publish_summary(result))

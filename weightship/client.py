@@ -369,6 +369,13 @@ class Client:
         """The manifest bytes of a version exactly as stored (hash them to check the digest)."""
         return self.send("GET", f"/v1/models/{_seg(model)}/versions/{_seg(ref)}/manifest").content
 
+    def label_digest(self, model: str, label: str) -> str | None:
+        """The digest ``label`` of ``model`` names, or ``None`` while it is free (also when the model is new)."""
+        try:
+            return self.get_version(model, label).digest
+        except NotFoundError:
+            return None
+
     def add_label(self, model: str, label: str, digest: str) -> VersionInfo:
         """Attach ``label`` to a ready version; labels never move once set."""
         body = LabelCreate(label=label, digest=digest)
@@ -464,6 +471,10 @@ class Client:
         """Mint a token; its secret is in the answer and nowhere else."""
         body = TokenCreate(name=name, role=Role(role))
         return _parse(TokenCreated, self.send("POST", "/v1/tokens", json=body))
+
+    def whoami(self) -> TokenInfo:
+        """The token this client sends: its name and role (any role may ask)."""
+        return self._get("/v1/tokens/self", TokenInfo)
 
     def list_tokens(self) -> list[TokenInfo]:
         """Every token, without secrets."""

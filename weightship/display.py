@@ -3,6 +3,8 @@
 Scripts get JSON instead (``--json``); nothing here is parsed by programs, so it may change
 shape freely. Digests are shortened to their first 12 hex characters where a table would
 otherwise overflow, and shown whole where a person copies them (``versions``, one deployment).
+A whole digest is never wrapped: its cells are ``no_wrap`` (other cells wrap instead), and off a
+terminal ``console()`` draws rows as wide as their content, since there is no screen to fit.
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 from rich.table import Table
 from rich.text import Text
@@ -38,7 +41,9 @@ from weightship.schemas import (
 )
 
 __all__ = [
+    "MeanSpeedColumn",
     "RichPublishProgress",
+    "console",
     "deployment_table",
     "deployments_table",
     "history_table",
@@ -54,6 +59,18 @@ __all__ = [
     "version_table",
     "versions_table",
 ]
+
+
+#: Width of a console that writes to a pipe or file: rows as wide as their content.
+_UNBOUNDED_WIDTH = 10_000
+
+
+def console(*, stderr: bool = False) -> Console:
+    """The console the CLI prints with: the terminal's width, or unbounded off a terminal."""
+    out = Console(stderr=stderr, highlight=False)
+    if not out.is_terminal:
+        out = Console(stderr=stderr, highlight=False, width=_UNBOUNDED_WIDTH)
+    return out
 
 
 def human_bytes(n: int | float) -> str:
@@ -105,7 +122,7 @@ def versions_table(model: str, versions: Sequence[VersionInfo]) -> Table:
     table = Table(
         "LABELS", "DIGEST", "SIZE", "FILES", "CREATED", "BY", title=f"versions of {model}", title_justify="left"
     )
-    table.columns[1].overflow = "fold"
+    table.columns[1].no_wrap = True
     for v in sorted(versions, key=lambda v: v.created_at):
         table.add_row(
             ", ".join(v.labels) or "-",
@@ -122,7 +139,7 @@ def version_table(version: VersionInfo) -> Table:
     """The facts of one version, as a two-column table."""
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
-    table.add_column(overflow="fold")
+    table.add_column(no_wrap=True)
     for key, value in (
         ("model", version.model),
         ("digest", version.digest),
@@ -160,7 +177,7 @@ def deployment_table(deployment: Deployment) -> Table:
         show_header=False, box=None, pad_edge=False, title=f"deployment {deployment.name}", title_justify="left"
     )
     table.add_column(style="bold")
-    table.add_column(overflow="fold")
+    table.add_column(no_wrap=True)
     canary = f"{deployment.canary} ({deployment.canary_share:.0%})" if deployment.canary else "-"
     for key, value in (
         ("model", deployment.model),
@@ -318,7 +335,7 @@ def publish_summary(result: PublishResult) -> RenderableType:
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_column(style="dim")
-    rate = result.bytes_total / result.hash_seconds if result.hash_seconds > 0 else 0.0
+    rate = result.hash_bytes_per_second
     parts = f"{result.parts_uploaded} part{'' if result.parts_uploaded == 1 else 's'}"
     table.add_row("total", human_bytes(result.bytes_total), f"{result.files} files")
     table.add_row("uploaded", human_bytes(result.bytes_uploaded), f"{parts} in {result.upload_seconds:.2f}s")
@@ -327,7 +344,30 @@ def publish_summary(result: PublishResult) -> RenderableType:
         table.add_row("resumed", human_bytes(result.bytes_resumed), "uploaded by an earlier, interrupted run")
     table.add_row("hashed", f"{result.hash_seconds:.2f}s", f"{human_bytes(rate)}/s")
     table.add_row("committed", f"{result.commit_seconds:.2f}s", "the control plane verified every blob")
-    return Group(head, table)
+    if not result.skipped:
+        return Group(head, table)
+    skipped = Text.assemble(
+        ("skipped ", "bold yellow"),
+        f"{len(result.skipped)} hidden name{'' if len(result.skipped) == 1 else 's'} (not part of a version): ",
+        ", ".join(result.skipped),
+    )
+    return Group(head, table, skipped)
+
+
+class MeanSpeedColumn(ProgressColumn):
+    """Bytes per second since the bar started; the summary's figure once ``rate`` is set at the end.
+
+    rich's ``TransferSpeedColumn`` shows a moving average over recent updates, which ends on
+    another number than the summary's bytes over seconds; this one measures what the summary does.
+    """
+
+    def render(self, task: Task) -> Text:
+        """``12.3 MiB/s``, or ``?`` before anything was measured."""
+        rate = task.fields.get("rate")
+        if rate is None:
+            elapsed = task.elapsed
+            rate = task.completed / elapsed if elapsed else None
+        return Text(f"{human_bytes(rate)}/s" if rate is not None else "?", style="progress.data.speed")
 
 
 class RichPublishProgress:
@@ -339,13 +379,13 @@ class RichPublishProgress:
         self._upload: TaskID | None = None
 
     @staticmethod
-    def columns() -> tuple[TextColumn | BarColumn | DownloadColumn | TransferSpeedColumn | TimeRemainingColumn, ...]:
+    def columns() -> tuple[ProgressColumn, ...]:
         """The columns both bars use."""
         return (
             TextColumn("{task.description:<9}"),
             BarColumn(),
             DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
+            MeanSpeedColumn(),
             TimeRemainingColumn(),
         )
 
@@ -358,11 +398,15 @@ class RichPublishProgress:
         if self._hash is not None:
             self.progress.advance(self._hash, nbytes)
 
-    def uploading(self, total_bytes: int, done_bytes: int) -> None:
-        """Finish the hashing bar and add the upload bar."""
+    def hash_done(self, total_bytes: int, seconds: float) -> None:
+        """Stop the hashing bar on the summary's figures: ``total_bytes`` over ``seconds``."""
         if self._hash is not None:
-            done = next(t.completed for t in self.progress.tasks if t.id == self._hash)
-            self.progress.update(self._hash, total=done)
+            rate = total_bytes / seconds if seconds > 0 else 0.0
+            self.progress.update(self._hash, total=total_bytes, completed=total_bytes, rate=rate)
+            self.progress.stop_task(self._hash)
+
+    def uploading(self, total_bytes: int, done_bytes: int) -> None:
+        """Add the upload bar."""
         self._upload = self.progress.add_task("uploading", total=total_bytes, completed=done_bytes)
 
     def uploaded(self, nbytes: int) -> None:

@@ -54,12 +54,14 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "PICKLE_SUFFIXES",
     "SCHEMA",
+    "DirectoryListing",
     "FileEntry",
     "Manifest",
     "build_manifest",
     "canonical_json",
     "check_model_name",
     "check_relative_path",
+    "list_model_directory",
     "parse_manifest",
 ]
 
@@ -374,8 +376,22 @@ def _media_type(path: str) -> str:
     return _MEDIA_TYPES.get(PurePosixPath(path).suffix.lower(), "application/octet-stream")
 
 
-def _walk(root: Path) -> tuple[list[str], list[str]]:
-    """Relative paths of regular files under ``root``, sorted; and the hidden names skipped."""
+@dataclass(frozen=True)
+class DirectoryListing:
+    """What a version of a model directory holds, and what the naming rules leave out of it."""
+
+    #: relative POSIX paths of the files a version holds, sorted
+    paths: tuple[str, ...]
+    #: hidden names (starting with '.') that are not part of a version, e.g. ``.gitattributes``;
+    #: a hidden directory is listed once, not file by file
+    skipped: tuple[str, ...]
+
+
+def list_model_directory(root: Path) -> DirectoryListing:
+    """The files of ``root`` a version would hold, reading no file; the same rules as ``build_manifest``."""
+    root = Path(root)
+    if root.is_symlink() or not root.is_dir():
+        raise ManifestError(f"{str(root)!r} is not a directory")
     found: list[str] = []
     skipped: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -399,7 +415,7 @@ def _walk(root: Path) -> tuple[list[str], list[str]]:
             if not stat.S_ISREG(mode):
                 raise ManifestError(f"{rel!r} is not a regular file")
             found.append(check_relative_path(rel))
-    return sorted(found), skipped
+    return DirectoryListing(paths=tuple(sorted(found)), skipped=tuple(sorted(skipped)))
 
 
 def _check_hf_index(root: Path, paths: list[str], headers: dict[str, SafetensorsHeader]) -> None:
@@ -445,18 +461,17 @@ def build_manifest(
 ) -> Manifest:
     """Build the manifest of the model directory ``root``, reading each file once.
 
-    Hidden files and directories (names starting with '.') are not part of a version.
+    Hidden files and directories (names starting with '.') are not part of a version
+    (``list_model_directory`` names them).
     """
     check_model_name(model)
     if not is_valid_chunk_size(chunk_size):
         raise ManifestError(f"chunk_size {chunk_size} must be a power of two between 64 KiB and 4 GiB")
-    root = Path(root)
-    if root.is_symlink() or not root.is_dir():
-        raise ManifestError(f"{str(root)!r} is not a directory")
     for key in metadata or {}:
         if not _METADATA_KEY.match(key):
             raise ManifestError(f"metadata key {key!r} breaks the grammar [A-Za-z0-9_.-/]{{1,128}}")
-    paths, _skipped = _walk(root)
+    root = Path(root)
+    paths = list(list_model_directory(root).paths)
     if not paths:
         raise ManifestError(f"{str(root)!r} holds no files to publish")
     if len(paths) > MAX_FILES:

@@ -2,6 +2,7 @@
 
 The protocol, client side::
 
+    preflight                                 cheap checks before any hashing (below)
     build_manifest(dir)                       read every file once, chunk hashes in parallel
     POST /v1/uploads  {manifest, labels}  ->  UploadSession: per blob, present or the parts to PUT
     PUT  part.url  (part bytes, part.headers) for every part not yet done, in parallel, retried
@@ -14,6 +15,14 @@ the manifest before it is sent (a file edited during publish fails here, clearly
 commit), and sent to its URL: a presigned S3 multipart URL carrying the part's SHA-256 checksum
 header, or a control-plane route for the local store. At most ``concurrency`` parts are in memory
 and in flight at once.
+
+Hashing hundreds of GB takes minutes, so everything that can fail cheaply is checked first
+(``_preflight``): the control plane answers at that URL, the token is valid and may publish
+(``GET /v1/tokens/self``), and no requested label already names other content. A taken label
+is compared with the directory without hashing it all (chunk size, metadata, paths, sizes, small
+files whole, the first chunk of the largest file): only a label that may name exactly this
+content again lets hashing start, and the control plane still refuses a mismatch when the
+session opens.
 """
 
 from __future__ import annotations
@@ -30,9 +39,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from weightship.backoff import Backoff
 from weightship.chunks import DEFAULT_CHUNK_SIZE
-from weightship.errors import IntegrityError, TemporaryError, WeightshipError
-from weightship.manifest import Manifest, build_manifest
-from weightship.schemas import PartUpload, UploadSession, VersionInfo
+from weightship.digests import sha256_hex
+from weightship.errors import ConflictError, ForbiddenError, IntegrityError, TemporaryError, WeightshipError
+from weightship.manifest import DirectoryListing, Manifest, build_manifest, list_model_directory, parse_manifest
+from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo
 
 if TYPE_CHECKING:
     from weightship.client import Client
@@ -48,6 +58,9 @@ class PublishProgress(Protocol):
 
     def hashed(self, nbytes: int) -> None:
         """``nbytes`` more were hashed."""
+
+    def hash_done(self, total_bytes: int, seconds: float) -> None:
+        """Hashing ended: ``total_bytes`` in ``seconds``, the figures ``PublishResult`` reports too."""
 
     def uploading(self, total_bytes: int, done_bytes: int) -> None:
         """Uploading starts: ``total_bytes`` must be in the store, ``done_bytes`` of them already are."""
@@ -65,6 +78,9 @@ class SilentProgress:
     def hashed(self, nbytes: int) -> None:
         """Ignore."""
 
+    def hash_done(self, total_bytes: int, seconds: float) -> None:
+        """Ignore."""
+
     def uploading(self, total_bytes: int, done_bytes: int) -> None:
         """Ignore."""
 
@@ -78,7 +94,9 @@ class PublishResult:
 
     ``bytes_total = bytes_deduplicated + bytes_resumed + bytes_uploaded``: bytes already in the
     store (this or another version had them), parts an earlier interrupted run already uploaded,
-    and bytes this run sent.
+    and bytes this run sent. ``hash_seconds`` runs from the start of hashing to its end, the
+    same span the progress bar's speed is measured over. ``skipped`` names what the naming rules
+    left out of the version (hidden names such as ``.gitattributes``).
     """
 
     version: VersionInfo
@@ -92,17 +110,86 @@ class PublishResult:
     hash_seconds: float
     upload_seconds: float
     commit_seconds: float
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def hash_bytes_per_second(self) -> float:
+        """Hashing speed: the one figure both the progress bar (at its end) and the summary show."""
+        return self.bytes_total / self.hash_seconds if self.hash_seconds > 0 else 0.0
+
+
+def _sizes(root: Path, listing: DirectoryListing) -> dict[str, int]:
+    return {path: os.lstat(root / path).st_size for path in listing.paths}
 
 
 def directory_size(root: Path) -> int:
-    """Bytes of the files a publish of ``root`` hashes (hidden names skipped, links not followed)."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if not name.startswith("."):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
+    """Bytes of the files a publish of ``root`` hashes (hidden names skipped, links refused)."""
+    return sum(_sizes(Path(root), list_model_directory(Path(root))).values())
+
+
+#: Files up to this size are compared whole when a taken label is checked before hashing.
+_SMALL_FILE = 1 << 20
+
+
+def _preflight(
+    client: Client,
+    root: Path,
+    listing: DirectoryListing,
+    model: str,
+    labels: Sequence[str],
+    chunk_size: int,
+    metadata: dict[str, str],
+) -> None:
+    """Fail in seconds on what would otherwise fail after hashing: URL, token, role, taken labels."""
+    me = client.whoami()  # reachability and a valid token
+    if me.role not in (Role.publisher, Role.admin):
+        raise ForbiddenError(
+            f"token {me.name!r} has role {me.role.value!r}; publishing needs role 'publisher' (or 'admin'): "
+            "ask an admin for one (`weightship token create NAME --role publisher`) and pass it with --token"
+        )
+    for label in dict.fromkeys(labels):
+        taken = client.label_digest(model, label)
+        if taken is None:
+            continue
+        difference = _difference(client, root, listing, model, taken, chunk_size, metadata)
+        if difference is not None:
+            raise ConflictError(
+                f"label {label!r} of model {model!r} already names {taken}, and {root} is other content "
+                f"({difference}); labels never move: choose a new label, e.g. `--label {label}.1`; nothing was hashed"
+            )
+
+
+def _difference(
+    client: Client,
+    root: Path,
+    listing: DirectoryListing,
+    model: str,
+    digest: str,
+    chunk_size: int,
+    metadata: dict[str, str],
+) -> str | None:
+    """How ``root`` certainly differs from version ``digest``, read cheaply; ``None`` if it may be the same."""
+    theirs = parse_manifest(client.get_manifest(model, digest))
+    if theirs.chunk_size != chunk_size:
+        return f"that version uses chunk size {theirs.chunk_size}, this publish {chunk_size}"
+    if dict(theirs.metadata) != metadata:
+        return "its metadata differs"
+    files = {f.path: f for f in theirs.files}
+    ours = _sizes(root, listing)
+    only_here = sorted(set(ours) - set(files))
+    only_there = sorted(set(files) - set(ours))
+    if only_here or only_there:
+        return f"files only here: {only_here[:3]}, only there: {only_there[:3]}"
+    for path, size in ours.items():
+        if files[path].size != size:
+            return f"{path} is {size} bytes here, {files[path].size} there"
+    largest = max(ours, key=lambda p: ours[p])
+    sampled = sorted({p for p, size in ours.items() if size <= _SMALL_FILE} | {largest})
+    for path in sampled:
+        entry = files[path]
+        if entry.chunks and sha256_hex(_read_part(root / path, 0, min(chunk_size, entry.size))) != entry.chunks[0]:
+            return f"{path} holds other bytes"
+    return None
 
 
 def _read_part(path: Path, offset: int, length: int) -> bytes:
@@ -214,16 +301,21 @@ def publish_directory(
 ) -> PublishResult:
     """Publish the model directory ``root`` as a version of ``model`` (see the module docstring).
 
+    Checks the URL, the token's role and the labels before hashing anything (``_preflight``).
+
     Each part is retried on temporary failures with ``backoff`` (default: 5 attempts, capped
     exponential); the client's own backoff only governs reads.
     """
     report: PublishProgress = progress or SilentProgress()
+    listing = list_model_directory(root)
+    _preflight(client, root, listing, model, labels, chunk_size, dict(metadata or {}))
+    report.hashing(sum(_sizes(root, listing).values()))
     started = clock()
-    report.hashing(directory_size(root))
     manifest = build_manifest(
         root, model, chunk_size=chunk_size, allow_pickle=allow_pickle, metadata=metadata, progress=report.hashed
     )
     hashed = clock()
+    report.hash_done(manifest.total_size, hashed - started)
     session = client.create_upload(manifest.raw, labels, allow_pickle=allow_pickle)
     if session.digest != manifest.digest:
         raise IntegrityError(
@@ -252,4 +344,5 @@ def publish_directory(
         hash_seconds=hashed - started,
         upload_seconds=uploaded - hashed,
         commit_seconds=committed - uploaded,
+        skipped=listing.skipped,
     )

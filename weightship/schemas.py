@@ -33,6 +33,7 @@ Tokens [admin]
     POST   /v1/tokens                              TokenCreate      -> TokenCreated
     GET    /v1/tokens                                               -> list[TokenInfo]
     DELETE /v1/tokens/{id}                                          -> 204
+    GET    /v1/tokens/self                                          -> TokenInfo (any role)
 Unauthenticated operations endpoints: /healthz, /readyz, /metrics.
 
 Errors are ``ErrorBody``: ``{"error": {"code": ..., "message": ...}}``.

@@ -65,6 +65,7 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/v1/tokens"): only(Role.admin),
     ("GET", "/v1/tokens"): only(Role.admin),
     ("DELETE", "/v1/tokens/{}"): only(Role.admin),
+    ("GET", "/v1/tokens/self"): ANY,
 }
 
 #: routes authorised by an HMAC-signed URL instead of a token: a bad signature is refused whoever asks

@@ -348,3 +348,35 @@ def test_user_text_is_shown_literally_never_as_markup() -> None:
     assert "[bold]eve" in result.stdout
     failed = invoke(lambda r: error(404, "not_found", "no [red]such[/] thing"), "history", "chat")
     assert "no [red]such[/] thing" in failed.stderr
+
+
+def _version(digest: str, labels: list[str]) -> VersionInfo:
+    return VersionInfo(
+        model="llama", digest=digest, labels=labels, state="ready", size=3 << 30, files=9, created_at=NOW, created_by="ci"
+    )
+
+
+@pytest.mark.parametrize("columns", ["40", "80"])
+def test_digests_are_never_wrapped_off_a_terminal(columns: str) -> None:
+    versions = [_version(D1, ["v1", "2026-11-29.1"]), _version(D2, ["v2"])]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answer(versions) if request.url.path.endswith("/versions") else answer(deployment(epoch=3))
+
+    listed = invoke(handler, "versions", "llama", env={"COLUMNS": columns})
+    pointed = invoke(handler, "deploy", "set", "chat", "--stable", "v2", env={"COLUMNS": columns})
+    for result in (listed, pointed):
+        assert result.exit_code == 0, result.stderr
+        assert D1 in result.stdout
+        assert D2 in result.stdout
+
+
+def test_digests_stay_whole_on_a_narrow_terminal() -> None:
+    from weightship.display import deployment_table, versions_table
+
+    console = Console(width=90, force_terminal=True, record=True)
+    console.print(versions_table("llama", [_version(D1, ["v1"]), _version(D2, ["v2"])]))
+    console.print(deployment_table(deployment(epoch=3)))
+    text = console.export_text()
+    assert text.count(D1) == 2
+    assert text.count(D2) == 2

@@ -8,6 +8,7 @@ as a person or a script would: tokens from the environment, ``--json`` for what 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -329,3 +330,98 @@ def test_the_installed_console_script_talks_to_the_control_plane(controlplane: C
     assert missing.returncode == 1
     assert missing.stderr.decode().startswith("error: ")
     assert b"Traceback" not in missing.stderr
+
+
+# --- publish checks what it can before hashing ----------------------------------------------------
+
+
+def _publish_people(cp: ControlPlane, path: Path, *extra: str, token: str = ADMIN) -> Result:
+    return cp.cli("publish", str(path), "-m", "llama", "--chunk-size", CHUNK, *extra, token=token)
+
+
+def test_publish_to_a_wrong_url_fails_before_hashing(models: dict[str, Path]) -> None:
+    env = {"WEIGHTSHIP_URL": f"http://127.0.0.1:{_free_port()}", "WEIGHTSHIP_TOKEN": ADMIN}
+    result = CliRunner().invoke(app, ["publish", str(models["v1"]), "-m", "llama"], env=env, catch_exceptions=False)
+    assert result.exit_code == 5, result.stderr
+    assert "WEIGHTSHIP_URL" in result.stderr
+    assert "hashing" not in result.stderr
+
+
+@pytest.mark.parametrize("controlplane", ["local"], indirect=True)
+def test_publish_with_a_bad_token_or_role_fails_before_hashing(
+    controlplane: ControlPlane, models: dict[str, Path]
+) -> None:
+    unknown = _publish_people(controlplane, models["v1"], token="ws_not_a_token")
+    assert unknown.exit_code == 4
+    assert "not valid" in unknown.stderr
+    agent = _publish_people(controlplane, models["v1"], token=controlplane.token("node-1", "agent"))
+    assert agent.exit_code == 4
+    assert "role 'agent'" in agent.stderr
+    assert "--role publisher" in agent.stderr
+    for result in (unknown, agent):
+        assert "hashing" not in result.stderr
+
+
+def _tokenizer(value: bytes) -> dict[str, bytes]:
+    return {"tokenizer.json": value}
+
+
+TAKEN_LABEL_CASES = [
+    pytest.param({"chunk": "128KiB"}, "chunk size", id="other-chunk-size"),
+    pytest.param({"extra_files": {"notes.txt": b"x"}}, "files only here", id="extra-file"),
+    pytest.param({"extra_files": _tokenizer(b'{"v": 1, "longer": 1}')}, "bytes here", id="other-size"),
+    pytest.param({"extra_files": _tokenizer(b'{"v": 9}')}, "tokenizer.json holds other bytes", id="same-size-small"),
+    pytest.param({"seed": 2, "extra_files": _tokenizer(b'{"v": 1}')}, "holds other bytes", id="other-weights"),
+]
+
+
+@pytest.mark.parametrize("controlplane", ["local"], indirect=True)
+@pytest.mark.parametrize(("change", "reason"), TAKEN_LABEL_CASES)
+def test_a_label_taken_by_other_content_is_refused_before_hashing(
+    controlplane: ControlPlane, make_model: Any, change: dict[str, Any], reason: str
+) -> None:
+    original = make_model("a", tensors_mb=0.5, seed=1, shards=2, extra_files=_tokenizer(b'{"v": 1}'))
+    _publish(controlplane, original, "v1", ADMIN)
+    other = make_model(
+        "b",
+        tensors_mb=0.5,
+        seed=change.get("seed", 1),
+        shards=2,
+        extra_files={**_tokenizer(b'{"v": 1}'), **change.get("extra_files", {})},
+    )
+    result = controlplane.cli(
+        "publish", str(other), "-m", "llama", "-l", "v1", "--chunk-size", change.get("chunk", CHUNK)
+    )
+    assert result.exit_code == 3, result.stderr
+    assert "label 'v1'" in result.stderr
+    assert reason in result.stderr
+    assert "hashing" not in result.stderr
+
+
+@pytest.mark.parametrize("controlplane", ["local"], indirect=True)
+def test_hidden_files_are_listed_as_skipped(controlplane: ControlPlane, make_model: Any) -> None:
+    root = make_model("m", tensors_mb=0.1, extra_files={".gitattributes": b"*.safetensors filter=lfs\n"})
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    scripted = controlplane.json("publish", str(root), "-m", "llama", "--chunk-size", CHUNK)
+    assert scripted["skipped"] == [".git", ".gitattributes"]
+    assert ".gitattributes" not in {
+        f["path"] for f in controlplane.json("show", f"llama@{scripted['digest']}")["manifest"]["files"]
+    }
+    people = _publish_people(controlplane, root)
+    assert people.exit_code == 0, people.stderr
+    assert "skipped 2 hidden names" in people.stdout
+    assert ".git, .gitattributes" in people.stdout
+
+
+@pytest.mark.parametrize("controlplane", ["local"], indirect=True)
+def test_the_progress_bar_ends_on_the_hashing_speed_the_summary_shows(
+    controlplane: ControlPlane, models: dict[str, Path]
+) -> None:
+    result = _publish_people(controlplane, models["v1"])
+    assert result.exit_code == 0, result.stderr
+    summary = re.search(r"hashed\s+\S+s\s+(\S+ \S+/s)", result.stdout)
+    assert summary is not None, result.stdout
+    bars = [line for line in result.stderr.splitlines() if line.startswith("hashing")]
+    assert bars, result.stderr
+    assert summary.group(1) in bars[-1]

@@ -27,7 +27,7 @@ from weightship.client import Client
 from weightship.errors import ForbiddenError, IntegrityError, ManifestError, TemporaryError
 from weightship.manifest import Manifest, build_manifest, parse_manifest
 from weightship.publishing import SilentProgress, directory_size, publish_directory
-from weightship.schemas import BlobUpload, PartUpload, UploadCreate, UploadSession, VersionInfo
+from weightship.schemas import BlobUpload, PartUpload, Role, TokenInfo, UploadCreate, UploadSession, VersionInfo
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,6 +60,9 @@ class FakeOrigin:
         if request.method == "POST" and path == "/v1/uploads":
             assert request.headers["authorization"] == "Bearer tok"
             return self._open(UploadCreate.model_validate_json(request.content))
+        if request.method == "GET" and path == "/v1/tokens/self":  # the publish preflight
+            me = TokenInfo(id="t1", name="ci", role=Role.publisher, created_at=NOW, created_by="admin")
+            return httpx.Response(200, content=me.model_dump_json())
         if request.method == "PUT":
             return self._put(request)
         if request.method == "POST" and path.endswith("/commit"):
