@@ -46,7 +46,7 @@ from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
 from weightship.backoff import DelaySequence
-from weightship.errors import AuthError, ForbiddenError, NotFoundError, WeightshipError
+from weightship.errors import AuthError, ConflictError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
 from weightship.schemas import (
     DeploymentState,
@@ -249,8 +249,10 @@ class Agent:
             try:
                 info = await self.controlplane.register(body)
             except AuthError as exc:
-                # Revoked by an admin, or unknown to a control plane restored from a backup.
-                event(log, "identity.token_refused", logging.WARNING, node_id=credential.node_id, error=exc.message)
+                # Revoked by an admin, or unknown to a control plane restored from a backup. A token
+                # never confirmed (enrolment refused or never reached) is just replaced, quietly.
+                if credential.node_id is not None:
+                    event(log, "identity.token_refused", logging.WARNING, node_id=credential.node_id, error=exc.message)
             else:
                 if credential.node_id != info.id:
                     await self._save_credential(path, replace(credential, node_id=info.id))
@@ -269,8 +271,9 @@ class Agent:
         await asyncio.get_running_loop().run_in_executor(self.executor, save_credential, path, credential)
 
     async def _back_off(self, what: str, exc: WeightshipError, backoff: DelaySequence) -> None:
-        if isinstance(exc, (AuthError, ForbiddenError)):
-            backoff.attempts = max(backoff.attempts, 64)  # a bad token will not fix itself quickly
+        if isinstance(exc, (AuthError, ForbiddenError, ConflictError)):
+            # A bad token, or a name another machine holds (409 at enrolment), will not fix itself quickly.
+            backoff.attempts = max(backoff.attempts, 64)
         delay = backoff.next_delay()
         event(
             log,
