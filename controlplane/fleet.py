@@ -234,7 +234,6 @@ def _enrol(session: Session, row: NodeRow, by: str, proposed: str | None) -> tup
     """Mint ``row``'s node token unless it has an active one (409); returns (token id, secret)."""
     held = active_node_token(session, row.id)
     if held is not None:
-        session.rollback()
         log.warning("node_enrol_refused node=%s node_id=%s held_by_token=%s by=%s", row.name, row.id, held.id, by)
         raise ConflictError(
             f"node {row.name!r} is already enrolled (node token {held.id}); its agent re-registers with that "
