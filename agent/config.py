@@ -5,7 +5,10 @@ top level and the node's labels either flat (``region = "eu"``) or in a ``[label
 Every key also reads from ``WEIGHTSHIP_AGENT_<KEY>`` (``WEIGHTSHIP_AGENT_DATA_DIR``,
 ``WEIGHTSHIP_AGENT_TOKEN``...) and from ``--<key>`` on the command line (``--data-dir``).
 Sizes accept binary and decimal suffixes (``20GiB``, ``500M``); durations are seconds.
-The token can come from ``token_file`` so it never shows in a process listing. Without a
+The token is an *enrolment token* (an ``agent`` token an admin minted for provisioning): the
+agent uses it once, to enrol, and from then on its own node token, kept in
+``<data_dir>/state/node-token.json`` (``agent.identity``). It can come from ``token_file`` so it
+never shows in a process listing. Without a
 file setting or ``WEIGHTSHIP_AGENT_*`` variable, the CLI's ``WEIGHTSHIP_URL`` and
 ``WEIGHTSHIP_TOKEN`` are used.
 """
@@ -58,7 +61,7 @@ class AgentConfig:
 
     #: base URL of the control plane, e.g. ``http://controlplane:8080``
     control_plane: str
-    #: bearer token with the ``agent`` role
+    #: enrolment token (``agent`` role, bound to no node): used to enrol when the node has no node token yet
     token: str = ""
     #: node name; the same name re-registers the same node
     name: str = field(default_factory=_default_name)
@@ -121,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="TOML or JSON file (env WEIGHTSHIP_AGENT_CONFIG)")
     parser.add_argument("--control-plane", "--url", dest="control_plane", help="control-plane base URL")
-    parser.add_argument("--token", help="agent token (prefer --token-file or WEIGHTSHIP_AGENT_TOKEN)")
-    parser.add_argument("--token-file", help="file holding the agent token")
+    parser.add_argument("--token", help="enrolment token (prefer --token-file or WEIGHTSHIP_AGENT_TOKEN)")
+    parser.add_argument("--token-file", help="file holding the enrolment token")
     parser.add_argument("--name", help="node name (default: host name)")
     parser.add_argument("--data-dir", help="directory for versions, staging and state")
     parser.add_argument("--quota", dest="quota_bytes", help="disk quota, e.g. 200GiB (0: none)")

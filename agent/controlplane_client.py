@@ -1,6 +1,7 @@
-"""The agent's calls to the control plane: register, heartbeat, desired state, blob URLs, manifests.
+"""The agent's calls to the control plane: enrol, register, heartbeat, desired state, blob URLs, manifests.
 
-An async ``httpx`` client with the bearer token of an ``agent``-role token. Non-2xx answers map
+An async ``httpx`` client with a bearer token: the node's own node token once it has one
+(``use_token``); ``enrol`` alone sends the enrolment token it is given. Non-2xx answers map
 to ``weightship`` errors through the shared ``error_from_response`` (one mapping for the CLI and
 the agent); refused connections and timeouts become ``TemporaryError`` so the daemon's loops back
 off and retry. Nothing here retries by itself: the loops own the backoff. The test seam is the
@@ -25,6 +26,8 @@ from weightship.schemas import (
     BlobURLRequest,
     BlobURLs,
     DesiredState,
+    NodeEnrolment,
+    NodeEnrolRequest,
     NodeHeartbeat,
     NodeInfo,
     NodeRegistration,
@@ -73,14 +76,18 @@ class ControlPlaneClient:
         json: BaseModel | None = None,
         params: dict[str, str | float] | None = None,
         read_timeout: float | None = None,
+        token: str | None = None,
     ) -> httpx.Response:
         what = f"{method} {self.base_url}{path}"
+        headers = {"Content-Type": "application/json"} if json is not None else {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         try:
             response = await self._http.request(
                 method,
                 path,
                 content=None if json is None else json.model_dump_json().encode(),
-                headers={"Content-Type": "application/json"} if json is not None else None,
+                headers=headers or None,
                 params=params,
                 timeout=httpx.Timeout(read_timeout, connect=min(self.timeout, 5.0))
                 if read_timeout
@@ -106,8 +113,17 @@ class ControlPlaneClient:
                 f"{schema.__name__}: {exc.errors()[0].get('msg', exc)}; is the control plane the same version?"
             ) from None
 
+    def use_token(self, token: str) -> None:
+        """Send ``token`` (the node token) with every call from now on."""
+        self._http.headers["Authorization"] = f"Bearer {token}"
+
+    async def enrol(self, request: NodeEnrolRequest, enrolment_token: str) -> NodeEnrolment:
+        """Enrol this node with ``enrolment_token``; the answer holds the node token bound to it."""
+        response = await self._send("POST", "/v1/nodes/enrol", json=request, token=enrolment_token)
+        return self._parse(NodeEnrolment, response)
+
     async def register(self, registration: NodeRegistration) -> NodeInfo:
-        """Register (or re-register, same name, same id) this node."""
+        """Re-register this node (same name, same id) with its node token."""
         return self._parse(NodeInfo, await self._send("POST", "/v1/nodes/register", json=registration))
 
     async def heartbeat(self, node_id: str, heartbeat: NodeHeartbeat) -> None:

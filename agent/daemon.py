@@ -2,7 +2,8 @@
 
 Start-up order: recover the store (check every version on disk, empty the trash), repair
 ``current`` links from the epoch book, open the local API (model servers are served from disk
-at once, control plane or not), then register and run, concurrently:
+at once, control plane or not), then register with the node's own token (enrolling first with the
+configured enrolment token when it has none, see ``agent.identity``) and run, concurrently:
 
 - the desired-state long-poll: ``GET /v1/nodes/{id}/desired?after=REV&wait=S``; each new
   revision goes to the reconciler, so a pointer change reaches the node as soon as the control
@@ -13,7 +14,8 @@ at once, control plane or not), then register and run, concurrently:
 
 If the control plane is unreachable the node keeps serving what it serves; both control-plane
 loops retry with capped, jittered exponential backoff and log ``controlplane.unreachable`` with
-the delay. A control plane that no longer knows the node (404) gets a fresh registration.
+the delay. A control plane that no longer knows the node (404) or its token (401: revoked, or a
+restored database) gets a fresh registration, which enrols again when the token is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
 
 from agent.assemble import Assembler
 from agent.config import AgentConfig
@@ -34,6 +38,7 @@ from agent.counters import Counters
 from agent.durable import atomic_write
 from agent.epochs import EpochBook
 from agent.fetcher import Fetcher
+from agent.identity import CREDENTIAL_FILE, NodeCredential, load_credential, new_credential, save_credential
 from agent.localapi import LocalAPI
 from agent.rangeclient import RangeClient
 from agent.reconcile import Reconciler
@@ -41,12 +46,14 @@ from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
 from weightship.backoff import DelaySequence
-from weightship.errors import AuthError, ForbiddenError, NotFoundError, WeightshipError
+from weightship.errors import AuthError, ConflictError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
 from weightship.schemas import (
     DeploymentState,
+    NodeEnrolRequest,
     NodeHealth,
     NodeHeartbeat,
+    NodeInfo,
     NodeRegistration,
     ValidationReport,
 )
@@ -64,7 +71,7 @@ MIN_POLL_SECONDS = 0.5
 
 
 class _Reregister(Exception):
-    """The control plane forgot this node; register again."""
+    """The control plane forgot this node or refused its token; register again."""
 
 
 class Agent:
@@ -226,16 +233,47 @@ class Agent:
         backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         while True:
             try:
-                info = await self.controlplane.register(body)
+                info = await self._register_with_identity(body)
             except WeightshipError as exc:
                 await self._back_off("register", exc, backoff)
                 continue
             event(log, "controlplane.registered", node_id=info.id, name=info.name)
             return info.id
 
+    async def _register_with_identity(self, body: NodeRegistration) -> NodeInfo:
+        """Register with the stored node token; enrol for a new one when there is none or it is refused."""
+        path = self.store.state_dir / CREDENTIAL_FILE
+        credential = load_credential(path, body.name)
+        if credential is not None:
+            self.controlplane.use_token(credential.token)
+            try:
+                info = await self.controlplane.register(body)
+            except AuthError as exc:
+                # Revoked by an admin, or unknown to a control plane restored from a backup. A token
+                # never confirmed (enrolment refused or never reached) is just replaced, quietly.
+                if credential.node_id is not None:
+                    event(log, "identity.token_refused", logging.WARNING, node_id=credential.node_id, error=exc.message)
+            else:
+                if credential.node_id != info.id:
+                    await self._save_credential(path, replace(credential, node_id=info.id))
+                return info
+        credential = new_credential(body.name)
+        # Stored before asking, so a lost answer is recovered by re-registering with it next time.
+        await self._save_credential(path, credential)
+        request = NodeEnrolRequest(**body.model_dump(), token=credential.token)
+        enrolment = await self.controlplane.enrol(request, self.config.token)
+        await self._save_credential(path, replace(credential, node_id=enrolment.node.id))
+        self.controlplane.use_token(credential.token)
+        event(log, "identity.enrolled", node_id=enrolment.node.id, token_id=enrolment.token_id, path=str(path))
+        return enrolment.node
+
+    async def _save_credential(self, path: Path, credential: NodeCredential) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.executor, save_credential, path, credential)
+
     async def _back_off(self, what: str, exc: WeightshipError, backoff: DelaySequence) -> None:
-        if isinstance(exc, (AuthError, ForbiddenError)):
-            backoff.attempts = max(backoff.attempts, 64)  # a bad token will not fix itself quickly
+        if isinstance(exc, (AuthError, ForbiddenError, ConflictError)):
+            # A bad token, or a name another machine holds (409 at enrolment), will not fix itself quickly.
+            backoff.attempts = max(backoff.attempts, 64)
         delay = backoff.next_delay()
         event(
             log,
@@ -257,7 +295,7 @@ class Agent:
             asked = time.monotonic()
             try:
                 desired = await self.controlplane.desired(node_id, revision, cfg.poll_wait)
-            except NotFoundError:
+            except (NotFoundError, AuthError):
                 raise _Reregister() from None
             except WeightshipError as exc:
                 await self._back_off("desired", exc, backoff)
@@ -289,7 +327,7 @@ class Agent:
             body = self.heartbeat()
             try:
                 await self.controlplane.heartbeat(node_id, body)
-            except NotFoundError:
+            except (NotFoundError, AuthError):
                 raise _Reregister() from None
             except WeightshipError as exc:
                 await self._back_off("heartbeat", exc, backoff)

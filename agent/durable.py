@@ -48,12 +48,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` (file mode ``mode``) so that a crash leaves the old or the new content."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     with disk_full_as_ours(str(path)):
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
             try:
                 view = memoryview(data)
                 while view:

@@ -1,8 +1,19 @@
-"""Bearer-token authentication and role-based authorisation.
+"""Bearer-token authentication and role-based authorisation, and the node a token acts for.
 
 Tokens look like ``ws_<40 url-safe chars>``; only their SHA-256 is stored. Roles: ``publisher``
 publishes versions, ``operator`` moves pointers, ``agent`` is a node daemon, ``admin`` may do
 everything. Every ``/v1`` route declares the roles it admits with ``require(...)``.
+
+**Node identity.** An ``agent`` token comes in two kinds:
+
+- an *enrolment token* (``node_id`` empty), minted by an admin and handed to machines as they are
+  provisioned: it may enrol a node (``POST /v1/nodes/enrol``, ``require_enrolment``) but never
+  act for one;
+- a *node token*, minted by enrolment and bound to one node: it registers, heartbeats and reads
+  desired state for that node only (``require_node``, ``ensure_acts_for``). Anything else is 403.
+
+So a leaked node token speaks for one machine, and no agent token can re-register, silence or
+impersonate another node.
 """
 
 from __future__ import annotations
@@ -16,22 +27,39 @@ from fastapi import Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.db import TokenRow
+from controlplane.db import NodeRow, TokenRow
 from weightship.errors import AuthError, ForbiddenError
 from weightship.schemas import Role
 
-__all__ = ["ANY_ROLE", "Principal", "authenticate", "hash_secret", "new_secret", "require"]
+__all__ = [
+    "ANY_ROLE",
+    "Principal",
+    "authenticate",
+    "ensure_acts_for",
+    "hash_secret",
+    "new_secret",
+    "require",
+    "require_enrolment",
+    "require_node",
+]
 
 ANY_ROLE = frozenset(Role)
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the token's name and role."""
+    """Who is calling: the token's name and role, and for a node token the node it acts for."""
 
     name: str
     role: Role
     token_id: str
+    node_id: str | None = None
+    node_name: str | None = None
+
+    @property
+    def is_enrolment(self) -> bool:
+        """An ``agent`` token bound to no node: it may only enrol one."""
+        return self.role == Role.agent and self.node_id is None
 
 
 def new_secret() -> str:
@@ -51,10 +79,27 @@ def authenticate(session: Session, header: str | None) -> Principal:
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise AuthError("Authorization header must be 'Bearer <token>'")
-    row = session.scalars(select(TokenRow).where(TokenRow.secret_hash == hash_secret(secret.strip()))).first()
-    if row is None or row.revoked:
+    found = session.execute(
+        select(TokenRow, NodeRow.name)
+        .outerjoin(NodeRow, NodeRow.id == TokenRow.node_id)
+        .where(TokenRow.secret_hash == hash_secret(secret.strip()))
+    ).first()
+    if found is None or found[0].revoked:
         raise AuthError("token is not valid (unknown or revoked): ask an admin for a new one")
-    return Principal(name=row.name, role=Role(row.role), token_id=row.id)
+    row, node_name = found
+    return Principal(name=row.name, role=Role(row.role), token_id=row.id, node_id=row.node_id, node_name=node_name)
+
+
+def _principal(request: Request) -> Principal:
+    with request.app.state.ws.sessions() as session:
+        return authenticate(session, request.headers.get("authorization"))
+
+
+def _refuse_role(principal: Principal, allowed: frozenset[Role]) -> ForbiddenError:
+    names = ", ".join(sorted(r.value for r in allowed))
+    return ForbiddenError(
+        f"token {principal.name!r} has role {principal.role.value!r}; this call needs one of: {names}"
+    )
 
 
 def require(*roles: Role) -> Callable[[Request], Principal]:
@@ -62,14 +107,63 @@ def require(*roles: Role) -> Callable[[Request], Principal]:
     allowed = frozenset(roles) | {Role.admin}
 
     def dependency(request: Request) -> Principal:
-        state = request.app.state.ws
-        with state.sessions() as session:
-            principal = authenticate(session, request.headers.get("authorization"))
+        principal = _principal(request)
         if principal.role not in allowed:
-            names = ", ".join(sorted(r.value for r in allowed))
-            raise ForbiddenError(
-                f"token {principal.name!r} has role {principal.role.value!r}; this call needs one of: {names}"
-            )
+            raise _refuse_role(principal, allowed)
         return principal
+
+    return dependency
+
+
+def ensure_acts_for(principal: Principal, *, node_id: str | None = None, name: str | None = None) -> None:
+    """Refuse (403) unless ``principal`` may act for the node ``node_id`` / called ``name``.
+
+    Admins may act for any node; an agent only with the node token of that very node.
+    """
+    if principal.role == Role.admin:
+        return
+    if principal.role != Role.agent:
+        raise _refuse_role(principal, frozenset({Role.agent, Role.admin}))
+    if principal.node_id is None:
+        raise ForbiddenError(
+            f"token {principal.name!r} is an enrolment token: it can enrol a node (POST /v1/nodes/enrol) "
+            "but not act for one; use the node token that enrolment returned"
+        )
+    if (node_id is not None and node_id != principal.node_id) or (name is not None and name != principal.node_name):
+        asked = name if name is not None else node_id
+        raise ForbiddenError(
+            f"token {principal.name!r} is the node token of node {principal.node_name!r} "
+            f"(id {principal.node_id}); it cannot act for node {asked!r}"
+        )
+
+
+def require_node(param: str | None = "node_id") -> Callable[[Request], Principal]:
+    """FastAPI dependency: ``admin``, or the node token of the node named by path parameter ``param``.
+
+    With ``param=None`` any node token passes; the route then checks the node it names in its body
+    with ``ensure_acts_for``.
+    """
+
+    def dependency(request: Request) -> Principal:
+        principal = _principal(request)
+        ensure_acts_for(principal, node_id=None if param is None else request.path_params[param])
+        return principal
+
+    return dependency
+
+
+def require_enrolment() -> Callable[[Request], Principal]:
+    """FastAPI dependency: ``admin``, or an enrolment token (an ``agent`` token bound to no node)."""
+
+    def dependency(request: Request) -> Principal:
+        principal = _principal(request)
+        if principal.role == Role.admin or principal.is_enrolment:
+            return principal
+        if principal.role == Role.agent:
+            raise ForbiddenError(
+                f"token {principal.name!r} is already the node token of node {principal.node_name!r}: "
+                "that node re-registers with POST /v1/nodes/register; enrolling needs an enrolment token"
+            )
+        raise _refuse_role(principal, frozenset({Role.agent, Role.admin}))
 
     return dependency

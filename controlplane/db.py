@@ -11,7 +11,8 @@ Tables and what they promise:
 - ``deployments``: the serving pointer. ``epoch`` only grows; every update is a compare-and-swap
   ``UPDATE ... WHERE name = :name AND epoch = :expected``.
 - ``pointer_events``: audit, one row per epoch per deployment (unique), who/why/from/to.
-- ``tokens``: API tokens, only the SHA-256 of the secret is stored.
+- ``tokens``: API tokens, only the SHA-256 of the secret is stored; a node token names its node
+  (``node_id``), at most one active per node.
 - ``nodes``: registered agents, their labels and their last heartbeat report.
 - ``blob_chunks``: ``(blob sha256, chunk size) -> chunk digests``, inserted only once the control
   plane (or a store checksum covering exactly those digests) verified every byte of the blob under
@@ -187,6 +188,9 @@ class TokenRow(Base):
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     created_by: Mapped[str] = mapped_column(String(128))
+    #: the node a node token acts for; ``None`` for every other token (an ``agent`` token without
+    #: a node is an enrolment token: it can only enrol a node)
+    node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), nullable=True, index=True)
 
 
 class NodeRow(Base):

@@ -1,7 +1,14 @@
 """The fleet: node registry, heartbeats, desired state per node (with long-poll), deployment status.
 
-**Registration.** An agent registers by name; the same name re-registers the same node (same id,
-labels and deployments replaced), so a restarted agent keeps its identity.
+**Enrolment and registration.** A new agent enrols with an enrolment token
+(``POST /v1/nodes/enrol``): the node is created (or, when its name is known but no node token of it
+is active, taken over: same id) and a node token bound to it is returned, once. A name whose node
+token is active is refused (409): no enrolment token can hijack an enrolled node; an admin
+revoking that node token is what frees the name (a replaced machine). Afterwards the node
+re-registers (``POST /v1/nodes/register``, labels and deployments replaced, same id), heartbeats
+and reads its desired state with its node token only; for any other node that token gets 403
+(``controlplane.auth``). Enrolments of one name are serialised by a write to the node's row made
+before the active-token check, so concurrent enrolments yield one token and 409s.
 
 **Heartbeats** store the agent's whole report (inventory, what it serves, counters, health) and
 ``last_seen``. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
@@ -46,21 +53,23 @@ from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.auth import ANY_ROLE, Principal, require
+from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for, require, require_enrolment, require_node
 from controlplane.db import DeploymentRow, NodeRow, VersionRow, utcnow
 from controlplane.deployments import GENERATION_KEY, to_schema
 from controlplane.metrics import metrics_of
+from controlplane.tokens import active_node_token, mint_node_token
 from weightship.digests import sha256_hex
-from weightship.errors import NotFoundError, ValidationError
+from weightship.errors import ConflictError, NotFoundError, ValidationError
 from weightship.schemas import (
     DeploymentStatus,
     DesiredDeployment,
     DesiredState,
+    NodeEnrolment,
+    NodeEnrolRequest,
     NodeHeartbeat,
     NodeInfo,
     NodeLabels,
     NodeRegistration,
-    Role,
     VersionState,
     VersionStatus,
 )
@@ -181,13 +190,16 @@ def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
 # --- node routes ---------------------------------------------------------------------------------
 
 
-def _register(state: Any, body: NodeRegistration) -> NodeInfo:
+def _register(state: Any, body: NodeRegistration, enrol_by: str | None = None) -> NodeInfo | NodeEnrolment:
+    """Create or update the node called ``body.name``; with ``enrol_by``, also mint its node token."""
+    proposed = body.token if isinstance(body, NodeEnrolRequest) else None
     if body.role not in _NODE_ROLES:
         raise ValidationError(f"node role must be one of {', '.join(_NODE_ROLES)}; got {body.role!r}")
     for attempt in range(2):
         now = utcnow()
         with state.sessions() as session:
-            row = session.scalars(select(NodeRow).where(NodeRow.name == body.name)).first()
+            query = select(NodeRow).where(NodeRow.name == body.name)
+            row = session.scalars(query.with_for_update() if enrol_by else query).first()
             created = row is None
             if row is None:
                 row = NodeRow(id=uuid.uuid4().hex, name=body.name, registered_at=now, report={})
@@ -198,6 +210,10 @@ def _register(state: Any, body: NodeRegistration) -> NodeInfo:
             row.deployments = list(dict.fromkeys(body.deployments))
             row.last_seen = now
             try:
+                # Writing the node's row first holds its lock (PostgreSQL: FOR UPDATE; SQLite: the
+                # write lock) while the active-token check below runs: concurrent enrolments queue.
+                session.flush()
+                minted = _enrol(session, row, enrol_by, proposed) if enrol_by else None
                 session.commit()
             except exc.IntegrityError:
                 # The same name registered concurrently: the second pass finds and updates that row.
@@ -206,8 +222,26 @@ def _register(state: Any, body: NodeRegistration) -> NodeInfo:
                     raise
                 continue
             log.info("node_registered node=%s node_id=%s new=%s role=%s", row.name, row.id, created, row.role)
-            return _node_info(row, now, state.settings.node_stale_seconds)
+            info = _node_info(row, now, state.settings.node_stale_seconds)
+            if minted is None:
+                return info
+            log.info("node_enrolled node=%s node_id=%s token_id=%s by=%s", row.name, row.id, minted[0], enrol_by)
+            return NodeEnrolment(node=info, token_id=minted[0], token=minted[1])
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _enrol(session: Session, row: NodeRow, by: str, proposed: str | None) -> tuple[str, str]:
+    """Mint ``row``'s node token unless it has an active one (409); returns (token id, secret)."""
+    held = active_node_token(session, row.id)
+    if held is not None:
+        log.warning("node_enrol_refused node=%s node_id=%s held_by_token=%s by=%s", row.name, row.id, held.id, by)
+        raise ConflictError(
+            f"node {row.name!r} is already enrolled (node token {held.id}); its agent re-registers with that "
+            f"token. If the machine was replaced or lost its data directory, an admin revokes the old token "
+            f"('weightship token revoke {held.id}') and the node enrols again"
+        )
+    token, secret = mint_node_token(session, row, by, proposed)
+    return token.id, secret
 
 
 def _heartbeat(state: Any, node_id: str, body: NodeHeartbeat) -> None:
@@ -229,20 +263,34 @@ def _list_nodes(state: Any, deployment: str | None) -> list[NodeInfo]:
         ]
 
 
+@nodes_router.post("/enrol", status_code=status.HTTP_201_CREATED, response_model=NodeEnrolment)
+async def enrol(
+    body: NodeEnrolRequest, request: Request, principal: Principal = Depends(require_enrolment())
+) -> NodeEnrolment:
+    """Enrol a node with an enrolment token: register it and return its node token, once (409 if enrolled)."""
+    state = request.app.state.ws
+    enrolment = await run_in_threadpool(_register, state, body, principal.name)
+    assert isinstance(enrolment, NodeEnrolment)
+    metrics_of(state).node_registrations.inc()
+    return enrolment
+
+
 @nodes_router.post("/register", response_model=NodeInfo)
 async def register(
-    body: NodeRegistration, request: Request, _principal: Principal = Depends(require(Role.agent))
+    body: NodeRegistration, request: Request, principal: Principal = Depends(require_node(None))
 ) -> NodeInfo:
-    """Register a node, or re-register it under the same name (same id)."""
+    """Re-register a node with its own node token (same id; labels and deployments replaced)."""
+    ensure_acts_for(principal, name=body.name)
     state = request.app.state.ws
     info = await run_in_threadpool(_register, state, body)
+    assert isinstance(info, NodeInfo)
     metrics_of(state).node_registrations.inc()
     return info
 
 
 @nodes_router.post("/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
 async def heartbeat(
-    node_id: str, body: NodeHeartbeat, request: Request, _principal: Principal = Depends(require(Role.agent))
+    node_id: str, body: NodeHeartbeat, request: Request, _principal: Principal = Depends(require_node())
 ) -> Response:
     """Store a node's report and mark it seen."""
     state = request.app.state.ws
@@ -257,7 +305,7 @@ async def desired(
     request: Request,
     after: Annotated[str | None, Query(max_length=128)] = None,
     wait: Annotated[float, Query(ge=0, le=3600)] = 0.0,
-    _principal: Principal = Depends(require(Role.agent)),
+    _principal: Principal = Depends(require_node()),
 ) -> DesiredState:
     """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
     state = request.app.state.ws

@@ -8,6 +8,11 @@ The bootstrap admin token comes from ``WEIGHTSHIP_ADMIN_TOKEN``. At start-up its
 as an ``admin`` token named ``bootstrap-admin`` unless that hash is already known, so restarts and
 replicas starting together are harmless. A bootstrap token that an admin revoked stays revoked:
 restarting with the same environment never brings it back.
+
+Node tokens (``node_id`` set) are minted only by enrolment (``controlplane.fleet``), through
+``mint_node_token``: at most one active per node, which the enrolment transaction checks with
+``active_node_token`` while it holds the node's row. Revoking a node's token is how an admin
+resets a node (a replaced machine): its name can then be enrolled again.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response, status
 from sqlalchemy import exc, select, update
+from sqlalchemy.orm import Session
 
 from controlplane.auth import ANY_ROLE, Principal, hash_secret, new_secret, require
-from controlplane.db import TokenRow, utcnow
-from weightship.errors import NotFoundError
+from controlplane.db import NodeRow, TokenRow, utcnow
+from weightship.errors import ConflictError, NotFoundError
 from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo
 
-__all__ = ["BOOTSTRAP_NAME", "bootstrap_admin", "router"]
+__all__ = ["BOOTSTRAP_NAME", "active_node_token", "bootstrap_admin", "mint_node_token", "router"]
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +81,47 @@ def bootstrap_admin(state: Any) -> None:
     log.info("bootstrap_admin_stored name=%s", BOOTSTRAP_NAME)
 
 
+def active_node_token(session: Session, node_id: str) -> TokenRow | None:
+    """The node token of ``node_id`` that is not revoked, if any."""
+    return session.scalars(
+        select(TokenRow).where(TokenRow.node_id == node_id, TokenRow.revoked.is_(False)).order_by(TokenRow.created_at)
+    ).first()
+
+
+def mint_node_token(session: Session, node: NodeRow, by: str, secret: str | None = None) -> tuple[TokenRow, str]:
+    """Add (uncommitted) a token bound to ``node``, named after it; returns the row and its secret.
+
+    ``secret`` is one the node generated and proposed; a fresh one is minted when it is ``None``.
+    """
+    secret = secret or new_secret()
+    if session.scalars(select(TokenRow.id).where(TokenRow.secret_hash == hash_secret(secret))).first() is not None:
+        raise ConflictError("the proposed node token is already in use: generate another secret and enrol again")
+    row = _new_row(node.name, Role.agent, secret, by, node_id=node.id)
+    session.add(row)
+    return row, secret
+
+
+def _new_row(name: str, role: Role, secret: str, by: str, node_id: str | None = None) -> TokenRow:
+    return TokenRow(
+        id=_new_id(),
+        name=name,
+        role=role.value,
+        secret_hash=hash_secret(secret),
+        revoked=False,
+        created_at=utcnow(),
+        created_by=by,
+        node_id=node_id,
+    )
+
+
 def _info(row: TokenRow) -> TokenInfo:
     return TokenInfo(
-        id=row.id, name=row.name, role=Role(row.role), created_at=row.created_at, created_by=row.created_by
+        id=row.id,
+        name=row.name,
+        role=Role(row.role),
+        created_at=row.created_at,
+        created_by=row.created_by,
+        node_id=row.node_id,
     )
 
 
@@ -87,15 +131,7 @@ def create_token(
 ) -> TokenCreated:
     """Mint a token for a role; the secret is in this response only."""
     secret = new_secret()
-    row = TokenRow(
-        id=_new_id(),
-        name=body.name,
-        role=body.role.value,
-        secret_hash=hash_secret(secret),
-        revoked=False,
-        created_at=utcnow(),
-        created_by=principal.name,
-    )
+    row = _new_row(body.name, body.role, secret, principal.name)
     with request.app.state.ws.sessions() as session:
         session.add(row)
         session.commit()

@@ -193,7 +193,8 @@ def main() -> None:
         with Client(cp_url, admin) as root:
             publisher = root.create_token("demo-publisher", Role.publisher).token
             operator = root.create_token("demo-operator", Role.operator).token
-            agent_token = root.create_token("demo-agents", Role.agent).token
+            # An enrolment token: each agent enrols with it once and then uses its own node token.
+            agent_token = root.create_token("demo-enrolment", Role.agent).token
 
         # 2. Two versions of a real safetensors model; v2 redraws only the last shard.
         t0 = time.monotonic()

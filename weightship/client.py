@@ -56,6 +56,8 @@ from weightship.schemas import (
     ErrorBody,
     LabelCreate,
     ModelInfo,
+    NodeEnrolment,
+    NodeEnrolRequest,
     NodeHeartbeat,
     NodeInfo,
     NodeRegistration,
@@ -439,8 +441,12 @@ class Client:
 
     # --- fleet ---------------------------------------------------------------------------------
 
+    def enrol_node(self, request: NodeEnrolRequest) -> NodeEnrolment:
+        """Enrol a node (enrolment token); the answer holds its node token, shown once."""
+        return _parse(NodeEnrolment, self.send("POST", "/v1/nodes/enrol", json=request))
+
     def register_node(self, registration: NodeRegistration) -> NodeInfo:
-        """Register (or re-register) an agent."""
+        """Re-register a node, with its own node token."""
         return _parse(NodeInfo, self.send("POST", "/v1/nodes/register", json=registration, retry=True))
 
     def heartbeat(self, node_id: str, heartbeat: NodeHeartbeat) -> None:

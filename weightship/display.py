@@ -310,9 +310,11 @@ def status_view(status: DeploymentStatus) -> RenderableType:
 
 def tokens_table(tokens: Sequence[TokenInfo]) -> Table:
     """``weightship token list``."""
-    table = Table("ID", "NAME", "ROLE", "CREATED", "BY", title="tokens", title_justify="left")
+    table = Table("ID", "NAME", "ROLE", "NODE", "CREATED", "BY", title="tokens", title_justify="left")
     for t in tokens:
-        table.add_row(_t(t.id), _t(t.name), t.role.value, _when(t.created_at), _t(t.created_by))
+        # NODE: the node a node token acts for; "-" for every other token (agent: an enrolment token).
+        node = _t(t.node_id) if t.node_id else "-"
+        table.add_row(_t(t.id), _t(t.name), t.role.value, node, _when(t.created_at), _t(t.created_by))
     return table
 
 

@@ -23,7 +23,8 @@ Deployments [reads: any role; writes: operator]
     POST   /v1/deployments/{name}/rollback [If-Match] RollbackRequest -> Deployment
     GET    /v1/deployments/{name}/history                         -> list[PointerEvent]
     GET    /v1/deployments/{name}/status                          -> DeploymentStatus
-Fleet [agent for node calls (blob URLs: agent or operator); reads: any role]
+Fleet [node calls: that node's own node token; blob URLs: agent or operator; reads: any role]
+    POST   /v1/nodes/enrol                         NodeEnrolRequest -> NodeEnrolment (201) [enrolment token]
     POST   /v1/nodes/register                      NodeRegistration -> NodeInfo
     POST   /v1/nodes/{id}/heartbeat                NodeHeartbeat    -> 204
     GET    /v1/nodes/{id}/desired?after=REV&wait=S                  -> DesiredState (long-poll)
@@ -72,6 +73,8 @@ __all__ = [
     "LocalDeployment",
     "ModelInfo",
     "NodeCounters",
+    "NodeEnrolRequest",
+    "NodeEnrolment",
     "NodeHealth",
     "NodeHeartbeat",
     "NodeInfo",
@@ -439,6 +442,28 @@ class DeploymentStatus(_Schema):
     lagging_nodes: list[str] = Field(description="nodes not yet serving what they should")
 
 
+class NodeEnrolRequest(NodeRegistration):
+    """A node enrolling with an enrolment token, optionally proposing the node token it will use.
+
+    An agent generates its node token and stores it *before* asking, so a lost answer costs
+    nothing: on retry it re-registers with that token. Without ``token`` the control plane mints one.
+    """
+
+    token: str | None = Field(
+        default=None,
+        pattern=r"^ws_[A-Za-z0-9_-]{40,100}$",
+        description="the node token to bind to this node (ws_ and at least 40 url-safe random chars)",
+    )
+
+
+class NodeEnrolment(_Schema):
+    """A node enrolled with an enrolment token: the node, and its own token, shown once."""
+
+    node: NodeInfo
+    token_id: str
+    token: str = Field(description="the node token: acts for this node only; store it, it is not shown again")
+
+
 # --- tokens ------------------------------------------------------------------------------------
 
 
@@ -457,6 +482,7 @@ class TokenInfo(_Schema):
     role: Role
     created_at: datetime
     created_by: str
+    node_id: str | None = Field(default=None, description="the node a node token acts for")
 
 
 class TokenCreated(_Schema):

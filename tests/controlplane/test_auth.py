@@ -1,9 +1,13 @@
-"""Every ``/v1`` route admits exactly the roles the API contract gives it, and nobody without a token.
+"""Every ``/v1`` route admits exactly the callers the API contract gives it, and nobody without a token.
 
 The contract is the route list in ``weightship/schemas.py``; ``ROLE_CONTRACT`` restates it. The
 tests iterate the app's own route table, so routes added later are covered automatically: a
 ``/v1`` route missing from the contract fails ``test_every_v1_route_has_a_role_contract`` until
 someone decides who may call it.
+
+Callers are the roles, with ``agent`` split in two: an enrolment token (``ENROL``, bound to no
+node) and a node token (``NODE``). On routes naming a node (``{node_id}``) ``NODE`` means that
+node's own token; the same token on another node's route must get 403.
 """
 
 from __future__ import annotations
@@ -23,48 +27,54 @@ from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(120)
 
-ANY = frozenset(Role)
+#: an agent token bound to no node (it may only enrol one) and a node token (acts for its node only)
+ENROL = "enrolment"
+NODE = "node"
+ADMIN, PUBLISHER, OPERATOR = Role.admin.value, Role.publisher.value, Role.operator.value
+AGENT = (ENROL, NODE)
+ANY = frozenset({ADMIN, PUBLISHER, OPERATOR, ENROL, NODE})
 
 
-def only(*roles: Role) -> frozenset[Role]:
-    """``roles`` plus admin, who may do everything."""
-    return frozenset(roles) | {Role.admin}
+def only(*callers: str) -> frozenset[str]:
+    """``callers`` plus admin, who may do everything."""
+    return frozenset(callers) | {ADMIN}
 
 
-#: (method, path with parameters written ``{}``) -> roles admitted
-ROLE_CONTRACT: dict[tuple[str, str], frozenset[Role]] = {
+#: (method, path with parameters written ``{}``) -> callers admitted
+ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     # publishing
-    ("POST", "/v1/uploads"): only(Role.publisher),
-    ("GET", "/v1/uploads/{}"): only(Role.publisher),
-    ("PUT", "/v1/uploads/{}/blobs/{}/parts/{}"): only(Role.publisher),
-    ("POST", "/v1/uploads/{}/commit"): only(Role.publisher),
-    ("DELETE", "/v1/uploads/{}"): only(Role.publisher),
+    ("POST", "/v1/uploads"): only(PUBLISHER),
+    ("GET", "/v1/uploads/{}"): only(PUBLISHER),
+    ("PUT", "/v1/uploads/{}/blobs/{}/parts/{}"): only(PUBLISHER),
+    ("POST", "/v1/uploads/{}/commit"): only(PUBLISHER),
+    ("DELETE", "/v1/uploads/{}"): only(PUBLISHER),
     # registry
     ("GET", "/v1/models"): ANY,
     ("GET", "/v1/models/{}/versions"): ANY,
     ("GET", "/v1/models/{}/versions/{}"): ANY,
     ("GET", "/v1/models/{}/versions/{}/manifest"): ANY,
-    ("POST", "/v1/models/{}/labels"): only(Role.publisher),
+    ("POST", "/v1/models/{}/labels"): only(PUBLISHER),
     # deployments
-    ("POST", "/v1/deployments"): only(Role.operator),
+    ("POST", "/v1/deployments"): only(OPERATOR),
     ("GET", "/v1/deployments"): ANY,
     ("GET", "/v1/deployments/{}"): ANY,
-    ("PUT", "/v1/deployments/{}/pointer"): only(Role.operator),
-    ("POST", "/v1/deployments/{}/rollback"): only(Role.operator),
+    ("PUT", "/v1/deployments/{}/pointer"): only(OPERATOR),
+    ("POST", "/v1/deployments/{}/rollback"): only(OPERATOR),
     ("GET", "/v1/deployments/{}/history"): ANY,
     ("GET", "/v1/deployments/{}/status"): ANY,
     # fleet
-    ("POST", "/v1/nodes/register"): only(Role.agent),
-    ("POST", "/v1/nodes/{}/heartbeat"): only(Role.agent),
-    ("GET", "/v1/nodes/{}/desired"): only(Role.agent),
+    ("POST", "/v1/nodes/enrol"): only(ENROL),
+    ("POST", "/v1/nodes/register"): only(NODE),
+    ("POST", "/v1/nodes/{}/heartbeat"): only(NODE),
+    ("GET", "/v1/nodes/{}/desired"): only(NODE),
     # The route list in weightship/schemas.py files this under "agent"; registry.py also admits
     # operators (read-only, for inspecting a version's bytes). Kept in step with the code.
-    ("POST", "/v1/blobs/urls"): only(Role.agent, Role.operator),
+    ("POST", "/v1/blobs/urls"): only(*AGENT, OPERATOR),
     ("GET", "/v1/nodes"): ANY,
     # tokens
-    ("POST", "/v1/tokens"): only(Role.admin),
-    ("GET", "/v1/tokens"): only(Role.admin),
-    ("DELETE", "/v1/tokens/{}"): only(Role.admin),
+    ("POST", "/v1/tokens"): only(ADMIN),
+    ("GET", "/v1/tokens"): only(ADMIN),
+    ("DELETE", "/v1/tokens/{}"): only(ADMIN),
     ("GET", "/v1/tokens/self"): ANY,
 }
 
@@ -104,9 +114,23 @@ def _contract_key(method: str, path: str) -> tuple[str, str]:
     return method, _PARAM.sub("{}", path)
 
 
-def _concrete(path: str) -> str:
-    """A requestable path: every parameter filled with a value no row has."""
+def _concrete(path: str, node_id: str | None = None) -> str:
+    """A requestable path: ``{node_id}`` filled with ``node_id`` if given, every other parameter with a value no row has."""
+    if node_id is not None:
+        path = path.replace("{node_id}", node_id)
     return _PARAM.sub("0" * 64, path)
+
+
+@pytest.fixture
+def callers(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]]) -> dict[str, tuple[dict[str, str], str]]:
+    """``Authorization`` headers per caller, with the id of the node a node token acts for ("" for others)."""
+    enrolled = cp_client.post("/v1/nodes/enrol", json={"name": "contract-node"}, headers=role_headers[Role.agent])
+    assert enrolled.status_code == 201, enrolled.text
+    node = enrolled.json()
+    found = {role.value: (headers, "") for role, headers in role_headers.items() if role != Role.agent}
+    found[ENROL] = (role_headers[Role.agent], "")
+    found[NODE] = ({"Authorization": f"Bearer {node['token']}"}, node["node"]["id"])
+    return found
 
 
 def test_every_v1_route_has_a_role_contract() -> None:
@@ -123,9 +147,12 @@ def test_the_route_table_is_not_empty() -> None:
     assert ("GET", "/v1/nodes/{}/desired") in routes
 
 
-def test_every_v1_route_enforces_its_roles(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]]) -> None:
+def test_every_v1_route_enforces_its_roles(
+    cp_client: httpx.Client, callers: dict[str, tuple[dict[str, str], str]]
+) -> None:
     failures: list[str] = []
     routes = [(m, p) for m, p in _v1_routes() if _contract_key(m, p) in ROLE_CONTRACT]
+    assert set(callers) == ANY
     for method, path in routes:
         url = _concrete(path)
         allowed = ROLE_CONTRACT[_contract_key(method, path)]
@@ -134,24 +161,28 @@ def test_every_v1_route_enforces_its_roles(cp_client: httpx.Client, role_headers
             failures.append(f"{method} {path} without a token: {anonymous.status_code}, want 401")
         elif anonymous.json()["error"]["code"] != "unauthenticated":
             failures.append(f"{method} {path} without a token: body {anonymous.text}")
-        for role, headers in role_headers.items():
-            status = cp_client.request(method, url, headers=headers).status_code
-            if role in allowed and status in (401, 403):
-                failures.append(f"{method} {path} as {role.value}: {status}, want it admitted")
-            if role not in allowed and status != 403:
-                failures.append(f"{method} {path} as {role.value}: {status}, want 403")
+        for caller, (headers, node_id) in callers.items():
+            status = cp_client.request(method, _concrete(path, node_id or None), headers=headers).status_code
+            if caller in allowed and status in (401, 403):
+                failures.append(f"{method} {path} as {caller}: {status}, want it admitted")
+            if caller not in allowed and status != 403:
+                failures.append(f"{method} {path} as {caller}: {status}, want 403")
+            if node_id and "{node_id}" in path:
+                other = cp_client.request(method, url, headers=headers).status_code
+                if other != 403:
+                    failures.append(f"{method} {path} as {caller} for another node: {other}, want 403")
     assert not failures, "\n".join(failures)
 
 
 def test_signed_routes_refuse_a_bad_signature_whatever_the_token(
-    cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]]
+    cp_client: httpx.Client, callers: dict[str, tuple[dict[str, str], str]]
 ) -> None:
     failures: list[str] = []
     routes = [(m, p) for m, p in _v1_routes() if _contract_key(m, p) in SIGNED_ROUTES]
     for method, path in routes:
         url = _concrete(path)
         params = {"expires": "4102444800", "sig": "0" * 64}
-        for who, headers in [("nobody", {}), *((r.value, h) for r, h in role_headers.items())]:
+        for who, headers in [("nobody", {}), *((c, h) for c, (h, _node) in callers.items())]:
             status = cp_client.request(method, url, params=params, headers=headers).status_code
             if status != 403:
                 failures.append(f"{method} {path} with a bad signature as {who}: {status}, want 403")

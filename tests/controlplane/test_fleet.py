@@ -26,8 +26,9 @@ Headers = dict[str, str]
 
 @pytest.fixture
 def agent(role_headers: dict[Role, Headers]) -> Headers:
-    """Headers of an agent token."""
-    return role_headers[Role.agent]
+    """Headers that may act for any node: the admin's (an agent's node token acts for its own node
+    only; that is tests/security/test_node_identity.py's subject)."""
+    return role_headers[Role.admin]
 
 
 @pytest.fixture

@@ -87,6 +87,7 @@ def test_token_list_shows_no_secrets_and_who_created_them(
         "role": "publisher",
         "created_at": mine["created_at"],
         "created_by": BOOTSTRAP_NAME,
+        "node_id": None,
     }
     assert created["token"] not in str(listed)
 

@@ -31,9 +31,9 @@ from weightship.errors import TemporaryError
 from weightship.schemas import (
     DeploymentState,
     NodeCounters,
+    NodeEnrolRequest,
     NodeHeartbeat,
     NodeLabels,
-    NodeRegistration,
     VersionInventory,
     VersionState,
 )
@@ -283,10 +283,12 @@ def test_nodes_and_status_show_what_the_fleet_reports(controlplane: ControlPlane
     v1 = _publish(cp, models["v1"], "v1", ADMIN)
     cp.json("deploy", "create", "chat", "--model", "llama")
     cp.json("deploy", "set", "chat", "--stable", "v1")
-    with Client(cp.url, cp.token("gpu-a1", "agent")) as agent:
-        node = agent.register_node(
-            NodeRegistration(name="gpu-a1", labels=NodeLabels(region="eu", gpu_type="h100"), deployments=["chat"])
+    with Client(cp.url, cp.token("provisioning", "agent")) as enrolment:
+        enrolled = enrolment.enrol_node(
+            NodeEnrolRequest(name="gpu-a1", labels=NodeLabels(region="eu", gpu_type="h100"), deployments=["chat"])
         )
+    with Client(cp.url, enrolled.token) as agent:
+        node = enrolled.node
         size = v1["bytes_total"]
         agent.heartbeat(
             node.id,
