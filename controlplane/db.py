@@ -278,6 +278,7 @@ def _sqlite_engine(url: str, lock_timeout: float, pool_timeout: float, pool_size
         @event.listens_for(engine, "do_connect")
         def _open_existing_only(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
             # mode=rw: a deleted file is an error, never silently a new empty database
+            file_guard.check()
             cargs[:] = [uri]
             cparams["uri"] = True
 

@@ -5,11 +5,13 @@ the first entry of ``ROUTE_LIMITS`` matching its method and path, else ``Setting
 (64 KiB: every JSON body of the API but those listed is far smaller). A body over its limit is
 refused with ``413`` and an ``ErrorBody`` (code ``too_large``):
 
-- when ``Content-Length`` declares more than the limit, before the body is read: the connection
-  is closed after the answer (up to ``_DRAIN_BYTES`` of it are read and dropped first, so a
-  client that sends its whole body before reading still sees the 413);
+- when ``Content-Length`` declares more than the limit, before the body is read;
 - when a body without a length (chunked) streams past the limit: the handler's next read fails,
   and whatever the handler would have answered is replaced by the 413.
+
+Either way the connection is closed after the answer; a body at most ``_DRAIN_BYTES`` over the
+limit is read and dropped first, so a client that writes its whole body before reading the
+answer still sees the 413 rather than a reset connection.
 
 Limits are generous for what each route legitimately carries: a part upload takes one full chunk
 (the largest chunk size a manifest may declare; the route itself checks the part's exact length),
@@ -24,6 +26,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.publish import MAX_REQUEST_BYTES
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 
 #: a refused body this much over its limit is read and dropped so that the client sees the 413
 _DRAIN_BYTES = 1024 * 1024
+_DRAIN_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,14 +133,23 @@ class BodyLimit:
             if started:
                 log.warning("body_limit_after_response method=%s path=%s", scope["method"], scope["path"])
                 return
+            await _drain(receive)
             await _refuse(send, scope, max_bytes, what, f"sent more than {max_bytes} bytes")
 
 
 async def _drain(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
+    """Read and drop what the client is still sending, up to ``_DRAIN_BYTES`` and ``_DRAIN_SECONDS``.
+
+    A client that writes its whole body before reading the answer then sees the 413 rather than
+    a reset connection; one sending more, or slowly, is cut off (the connection is closed).
+    """
+    dropped = 0
+    with anyio.move_on_after(_DRAIN_SECONDS):
+        while dropped <= _DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
 
 
 async def _refuse(send: Send, scope: Scope, max_bytes: int, what: str, how: str) -> None:
