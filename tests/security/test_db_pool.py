@@ -95,6 +95,10 @@ def test_forty_stale_pointer_writers_get_412_within_a_second_while_reads_stay_pr
         storm_over.set()
         reading.join(timeout=60)
 
+    print(  # the figures, for -s runs
+        f"stale_writers={WRITERS} slowest_412_s={max(s for _, s in results):.3f} "
+        f"reads={len(reads)} slowest_read_s={max(s for _, s in reads):.3f}"
+    )
     assert sorted(status for status, _ in results) == [412] * WRITERS
     slowest = max(seconds for _, seconds in results)
     assert slowest < 1.0, f"the slowest stale writer took {slowest:.2f} s"
