@@ -2,7 +2,11 @@
 
 Routes live in modules named after what they manage (``registry``, ``publish``,
 ``deployments``, ``fleet``, ``tokens``); this module only assembles them. Every
-``WeightshipError`` escaping a route becomes an ``ErrorBody`` with the error's status code.
+``WeightshipError`` escaping a route becomes an ``ErrorBody`` with the error's status code; a
+``TemporaryError`` (503) carries ``Retry-After``. A database that is locked, out of pooled
+connections or unreachable answers 503 ``database_unavailable`` within the engine's bounded
+waits (``controlplane.db.make_engine``), never a 500 after a stall. Request bodies are bounded
+per route (``controlplane.limits``).
 """
 
 from __future__ import annotations
@@ -10,23 +14,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from sqlalchemy import text
+from sqlalchemy import exc, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from controlplane.db import make_engine, make_sessionmaker
+from controlplane.limits import BodyLimit
+from controlplane.registry import database_errors
 from controlplane.settings import Settings
-from weightship.errors import WeightshipError
+from weightship.errors import TemporaryError, WeightshipError
 from weightship.schemas import ErrorBody, ErrorDetail
 
 __all__ = ["AppState", "create_app"]
@@ -77,9 +84,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.database_url.startswith("sqlite:///"):
-            Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = make_engine(settings.database_url)
+        engine = make_engine(
+            settings.database_url,
+            lock_timeout=settings.database_lock_timeout_seconds,
+            pool_timeout=settings.database_pool_timeout_seconds,
+            pool_size=settings.database_pool_size,
+            statement_timeout=settings.database_statement_timeout_seconds,
+        )
         migrate.upgrade(engine)
         state = AppState(
             settings=settings,
@@ -101,15 +112,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             engine.dispose()
 
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
+    app.add_middleware(BodyLimit, default_max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(WeightshipError)
-    async def _weightship_error(_request: Request, exc: WeightshipError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return _error(exc.status_code, exc.code, exc.message, headers)
+    async def _weightship_error(_request: Request, err: WeightshipError) -> JSONResponse:
+        headers: dict[str, str] = {}
+        if err.status_code == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        if isinstance(err, TemporaryError):
+            headers["Retry-After"] = str(max(1, math.ceil(err.delay)))
+        return _error(err.status_code, err.code, err.message, headers or None)
+
+    async def _database_error(request: Request, err: Exception) -> JSONResponse:
+        # A route that does not map database failures itself: the same 503 the mapped ones give.
+        try:
+            with database_errors(f"{request.method} {request.url.path}"):
+                raise err
+        except WeightshipError as mapped:
+            log.warning("database_unavailable path=%s error=%s", request.url.path, type(err).__name__)
+            return await _weightship_error(request, mapped)
+
+    for failure in (exc.OperationalError, exc.InterfaceError, exc.TimeoutError):
+        app.add_exception_handler(failure, _database_error)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
+    async def _validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
 
@@ -118,16 +146,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return PlainTextResponse("ok")
 
     @app.get("/readyz", include_in_schema=False)
-    async def readyz(request: Request) -> PlainTextResponse:
+    def readyz(request: Request) -> PlainTextResponse:
+        """Ready when the database answers, within its bounded waits, and is the file opened at start."""
         state: AppState = request.app.state.ws
-        with state.engine.connect() as conn:
+        with database_errors("checking readiness"), state.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         return PlainTextResponse("ready")
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:
         state: AppState = request.app.state.ws
-        return Response(generate_latest(state.metrics), media_type=CONTENT_TYPE_LATEST)
+        body = await run_in_threadpool(generate_latest, state.metrics)  # the fleet gauges query the database
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     for module in (publish, registry, deployments, fleet, tokens):
         app.include_router(module.router)

@@ -25,8 +25,14 @@ must match the newest migration (a test checks).
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+import sqlite3
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import (
     JSON,
@@ -44,12 +50,15 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from weightship.errors import DatabaseUnavailable
 
 __all__ = [
     "Base",
     "BlobChunksRow",
+    "DatabaseFileGuard",
     "DeploymentRow",
     "LabelRow",
     "ModelRow",
@@ -62,6 +71,8 @@ __all__ = [
     "make_sessionmaker",
     "utcnow",
 ]
+
+log = logging.getLogger(__name__)
 
 DIGEST = String(71)  # "sha256:" + 64 hex
 
@@ -221,21 +232,125 @@ class BlobChunksRow(Base):
     verified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite gets WAL and a busy timeout so concurrent writers queue."""
+#: defaults of ``make_engine``'s bounds, the same as ``Settings``' (seconds, connections)
+LOCK_TIMEOUT = 2.0
+POOL_TIMEOUT = 3.0
+POOL_SIZE = 10
+STATEMENT_TIMEOUT = 30.0
+
+
+class DatabaseFileGuard:
+    """The identity (device, inode) of the SQLite file an engine opened, checked on every use.
+
+    SQLite keeps writing to a file that was deleted or replaced under it (its open descriptors
+    still point at the old inode), so without this check writes would be acknowledged and then
+    lost on the next start. Every connection checkout and every commit compare the path's
+    identity with the one recorded at start: a missing or different file raises
+    ``DatabaseUnavailable`` (503), so ``/readyz`` fails and nothing more is acknowledged.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.identity = self._stat()
+        if self.identity is None:
+            raise DatabaseUnavailable(f"SQLite database {path} could not be created; check the directory")
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check(self) -> None:
+        """Raise ``DatabaseUnavailable`` unless the path still names the file opened at start."""
+        now = self._stat()
+        if now == self.identity:
+            return
+        what = "was deleted" if now is None else "was replaced by another file"
+        log.error("database_file_lost path=%s change=%s", self.path, "deleted" if now is None else "replaced")
+        raise DatabaseUnavailable(
+            f"SQLite database {self.path} {what} while the control plane was running; nothing more is written to "
+            "it: restore the database file (from a backup) and restart the control plane",
+            delay=30.0,
+        )
+
+
+def _sqlite_engine(url: str, lock_timeout: float, pool_timeout: float, pool_size: int) -> Engine:
+    database = make_url(url).database
+    in_memory = not database or database == ":memory:" or database.startswith("file:")
+    guard: DatabaseFileGuard | None = None
+    if not in_memory:
+        path = Path(database or "").resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sqlite3.connect(path).close()  # create it now: later connections only open an existing file
+        guard = DatabaseFileGuard(path)
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": lock_timeout},
+        pool_timeout=pool_timeout,
+        **({} if in_memory else {"pool_size": pool_size, "max_overflow": pool_size}),
+    )
+
+    if guard is not None:
+        file_guard = guard
+        uri = f"file:{quote(str(file_guard.path))}?mode=rw"
+
+        @event.listens_for(engine, "do_connect")
+        def _open_existing_only(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+            # mode=rw: a deleted file is an error, never silently a new empty database
+            file_guard.check()
+            cargs[:] = [uri]
+            cparams["uri"] = True
+
+        @event.listens_for(engine, "checkout")
+        def _check_file_on_checkout(_dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+            file_guard.check()
+
+        @event.listens_for(engine, "commit")
+        def _check_file_on_commit(_conn: Any) -> None:
+            file_guard.check()
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    return engine
+
+
+def make_engine(
+    url: str,
+    *,
+    lock_timeout: float = LOCK_TIMEOUT,
+    pool_timeout: float = POOL_TIMEOUT,
+    pool_size: int = POOL_SIZE,
+    statement_timeout: float = STATEMENT_TIMEOUT,
+) -> Engine:
+    """An engine for ``url`` whose every wait is bounded, so a busy database answers 503 fast.
+
+    - ``lock_timeout``: SQLite's busy timeout, PostgreSQL's ``lock_timeout``; a write waiting
+      longer for another writer fails (``OperationalError``, mapped to 503 + Retry-After).
+    - ``pool_timeout``: the longest wait for a pooled connection.
+    - ``statement_timeout``: PostgreSQL's ``statement_timeout``.
+
+    A SQLite file is created here if missing, then guarded (``DatabaseFileGuard``); SQLite runs
+    in WAL mode so readers never wait for the writer.
+    """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        return _sqlite_engine(url, lock_timeout, pool_timeout, pool_size)
+    options = f"-c lock_timeout={int(lock_timeout * 1000)} -c statement_timeout={int(statement_timeout * 1000)}"
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=pool_timeout,
+        connect_args={"options": options, "connect_timeout": max(2, math.ceil(pool_timeout))},
+    )
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:

@@ -41,16 +41,16 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.auth import ANY_ROLE, Principal, require
 from controlplane.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
 from controlplane.metrics import metrics_of
-from controlplane.registry import resolve_version
+from controlplane.registry import database_errors, resolve_version
 from weightship.errors import (
     ConflictError,
     NotFoundError,
     PreconditionFailed,
     PreconditionRequired,
-    TemporaryError,
     ValidationError,
 )
 from weightship.schemas import (
+    INT64_MAX,
     Deployment,
     DeploymentCreate,
     PointerEvent,
@@ -171,14 +171,16 @@ def resolve_ready(session: Session, model: str, ref: str) -> str:
     return version.digest
 
 
-def _current_epoch(state: Any, name: str) -> int | None:
-    with state.sessions() as session:
-        row = session.get(DeploymentRow, name)
-        return None if row is None else row.epoch
+def _current_epoch(session: Session, name: str) -> int | None:
+    return session.scalar(select(DeploymentRow.epoch).where(DeploymentRow.name == name))
 
 
-def _stale(state: Any, name: str, expected: int) -> PreconditionFailed:
-    current = _current_epoch(state, name)
+def _stale(state: Any, name: str, expected: int, current: int | None) -> PreconditionFailed:
+    """The 412 of a lost compare-and-swap; ``current`` is read by the caller in the session it holds.
+
+    Never opens a session of its own: callers hold one, and a second per request is how a burst
+    of stale writers used to exhaust the pool and stall the whole API.
+    """
     metrics_of(state).pointer_conflicts.labels(deployment=name).inc()
     log.info("pointer_cas_lost deployment=%s expected_epoch=%d current_epoch=%s", name, expected, current)
     return PreconditionFailed(
@@ -206,8 +208,9 @@ def change_pointer(
     """
     now = utcnow()
     won = False
+    current: int | None = None
     try:
-        with state.sessions() as session, session.begin():
+        with database_errors(f"moving pointer {name!r}"), state.sessions() as session, session.begin():
             result = cast(
                 "CursorResult[Any]",
                 session.execute(
@@ -225,7 +228,9 @@ def change_pointer(
                 ),
             )
             won = result.rowcount == 1
-            if won:
+            if not won:
+                current = _current_epoch(session, name)
+            else:
                 session.add(
                     PointerEventRow(
                         deployment=name,
@@ -242,14 +247,13 @@ def change_pointer(
                     )
                 )
     except exc.IntegrityError as err:
-        # The unique (deployment, epoch) audit row says another writer took this epoch.
-        raise _stale(state, name, expected) from err
-    except exc.OperationalError as err:
-        raise TemporaryError(
-            f"the database is busy or unreachable while moving pointer {name!r}: {err.orig}; retry"
-        ) from err
+        # The unique (deployment, epoch) audit row says another writer took this epoch. The
+        # session above is closed by now, so reading the winner's epoch takes no second connection.
+        with database_errors(f"reading pointer {name!r}"), state.sessions() as session:
+            current = _current_epoch(session, name)
+        raise _stale(state, name, expected, current) from err
     if not won:
-        raise _stale(state, name, expected)
+        raise _stale(state, name, expected, current)
     metrics_of(state).pointer_changes.labels(deployment=name, action=action).inc()
     log.info(
         "pointer_changed deployment=%s epoch=%d action=%s actor=%s stable=%s canary=%s share=%s",
@@ -292,7 +296,7 @@ def _set_pointer(state: Any, name: str, expected: int, body: PointerUpdate, acto
     with state.sessions() as session:
         row = _load(session, name)
         if row.epoch != expected:
-            raise _stale(state, name, expected)
+            raise _stale(state, name, expected, row.epoch)
         stable = resolve_ready(session, row.model, body.stable)
         canary = resolve_ready(session, row.model, body.canary) if body.canary is not None else None
         before = Pointer.of(row)
@@ -324,7 +328,7 @@ def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest
     with state.sessions() as session:
         row = _load(session, name)
         if expected is not None and row.epoch != expected:
-            raise _stale(state, name, expected)
+            raise _stale(state, name, expected, row.epoch)
         if body.to is not None:
             target = resolve_ready(session, row.model, body.to)
         elif row.previous_stable is None:
@@ -448,7 +452,7 @@ def history(
     name: str,
     request: Request,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_epoch: Annotated[int | None, Query(ge=1)] = None,
+    before_epoch: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
     _principal: Principal = Depends(require(*ANY_ROLE)),
 ) -> list[PointerEvent]:
     """Pointer changes, newest first; page with ``before_epoch``."""

@@ -9,6 +9,7 @@ the gauges exported before any route ran.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,8 +22,12 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from controlplane.db import DeploymentRow, NodeRow, utcnow
+from controlplane.registry import database_errors
+from weightship.errors import TemporaryError
 
 __all__ = ["ControlPlaneMetrics", "FleetCollector", "metrics_of"]
+
+log = logging.getLogger(__name__)
 
 _KEY = "metrics"
 _LOCK = threading.Lock()
@@ -46,14 +51,25 @@ class FleetCollector(Collector):
         self._state = state
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        """Nodes by freshness and the epoch of every deployment."""
+        """Nodes by freshness and the epoch of every deployment; ``weightship_database_up`` 0 when unreadable."""
         stale_before = utcnow() - timedelta(seconds=self._state.settings.node_stale_seconds)
-        with self._state.sessions() as session:
-            total = session.scalar(select(func.count()).select_from(NodeRow)) or 0
-            live = (
-                session.scalar(select(func.count()).select_from(NodeRow).where(NodeRow.last_seen >= stale_before)) or 0
-            )
-            epochs = session.execute(select(DeploymentRow.name, DeploymentRow.epoch)).all()
+        up = GaugeMetricFamily("weightship_database_up", "1 when the database answered this scrape, else 0")
+        try:
+            with database_errors("reading fleet metrics"), self._state.sessions() as session:
+                total = session.scalar(select(func.count()).select_from(NodeRow)) or 0
+                live = (
+                    session.scalar(select(func.count()).select_from(NodeRow).where(NodeRow.last_seen >= stale_before))
+                    or 0
+                )
+                epochs = session.execute(select(DeploymentRow.name, DeploymentRow.epoch)).all()
+        except TemporaryError as err:
+            # The counters still scrape; the alert on weightship_database_up says why the gauges are gone.
+            log.warning("metrics_database_unavailable error=%r", err.message)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
         nodes = GaugeMetricFamily("weightship_nodes", "Registered nodes by heartbeat freshness", labels=["state"])
         nodes.add_metric(["live"], live)
         nodes.add_metric(["stale"], total - live)

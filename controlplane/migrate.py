@@ -61,10 +61,19 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+#: how long a migration may wait for another replica's (the engine's own lock timeout is seconds)
+_MIGRATION_LOCK_WAIT_MS = 120_000
+
+
 def _lock(conn: Connection) -> None:
+    # The engine bounds lock waits to a few seconds so requests fail fast; a replica waiting for
+    # another replica's migration must wait longer, for this transaction only.
     if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {_MIGRATION_LOCK_WAIT_MS}")
+        conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
     elif conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(f"PRAGMA busy_timeout = {_MIGRATION_LOCK_WAIT_MS}")
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
@@ -89,17 +98,31 @@ def _migrate(engine: Engine, target: str, *, down: bool) -> None:
         log.info("schema_migrated from=%s to=%s dialect=%s", before, after, engine.dialect.name)
 
 
+def _restore_busy_timeout(conn: Connection, busy_ms: int) -> None:
+    """Give the connection the engine's own bound back before it returns to the pool."""
+    try:
+        conn.rollback()  # a no-op after commit; after a failure, ends the transaction first
+        conn.exec_driver_sql(f"PRAGMA busy_timeout = {busy_ms}")
+    except exc.SQLAlchemyError:
+        conn.invalidate()  # never pool a connection that would wait minutes for a lock
+
+
 def _migrate_once(engine: Engine, target: str, *, down: bool) -> tuple[str | None, str | None]:
     with engine.connect() as conn:
-        _lock(conn)
-        before = MigrationContext.configure(conn).get_current_revision()
-        config = alembic_config(conn)
-        if down:
-            command.downgrade(config, target)
-        else:
-            command.upgrade(config, target)
-        after = MigrationContext.configure(conn).get_current_revision()
-        conn.commit()
+        busy_ms = conn.exec_driver_sql("PRAGMA busy_timeout").scalar() if conn.dialect.name == "sqlite" else None
+        try:
+            _lock(conn)
+            before = MigrationContext.configure(conn).get_current_revision()
+            config = alembic_config(conn)
+            if down:
+                command.downgrade(config, target)
+            else:
+                command.upgrade(config, target)
+            after = MigrationContext.configure(conn).get_current_revision()
+            conn.commit()
+        finally:
+            if busy_ms is not None:
+                _restore_busy_timeout(conn, int(busy_ms))
     return before, after
 
 

@@ -42,7 +42,7 @@ from controlplane.db import BlobChunksRow, LabelRow, ModelRow, VersionRow
 from controlplane.store import LocalStore, OriginStore, label_key, manifest_key
 from controlplane.store.signing import signed_blob_url, verify_blob_signature
 from weightship.digests import hex_of, is_hex, parse_digest, sha256_hex
-from weightship.errors import ConflictError, IntegrityError, NotFoundError, TemporaryError
+from weightship.errors import ConflictError, DatabaseUnavailable, IntegrityError, NotFoundError
 from weightship.manifest import (
     MAX_MANIFEST_BYTES,
     PICKLE_SUFFIXES,
@@ -51,7 +51,7 @@ from weightship.manifest import (
     canonical_json,
     check_model_name,
 )
-from weightship.schemas import BlobURL, BlobURLRequest, BlobURLs, LabelCreate, ModelInfo, Role, VersionInfo
+from weightship.schemas import INT64_MAX, BlobURL, BlobURLRequest, BlobURLs, LabelCreate, ModelInfo, Role, VersionInfo
 
 __all__ = [
     "as_utc",
@@ -77,12 +77,16 @@ _IMMUTABLE = "private, max-age=31536000, immutable"
 
 @contextmanager
 def database_errors(what: str) -> Iterator[None]:
-    """Map SQLAlchemy's connection-level failures of ``what`` to a ``TemporaryError``."""
+    """Map SQLAlchemy's connection-level failures of ``what`` (locked, timed out, unreachable) to 503."""
     try:
         yield
     except (exc.OperationalError, exc.InterfaceError) as err:
-        raise TemporaryError(
-            f"{what}: the database is unavailable ({type(err.orig).__name__}); retry shortly"
+        raise DatabaseUnavailable(
+            f"{what}: the database is unavailable or busy ({type(err.orig).__name__}: {err.orig}); retry shortly"
+        ) from None
+    except exc.TimeoutError:
+        raise DatabaseUnavailable(
+            f"{what}: every database connection is in use (pool timeout); the control plane is overloaded, retry shortly"
         ) from None
 
 
@@ -395,7 +399,7 @@ def blob_urls(
 @router.head("/blobs/{sha256}", response_class=FileResponse, include_in_schema=False)
 @router.get("/blobs/{sha256}", response_class=FileResponse)
 def read_blob(
-    sha256: str, request: Request, expires: int = Query(...), sig: str = Query(..., max_length=128)
+    sha256: str, request: Request, expires: int = Query(..., ge=0, le=INT64_MAX), sig: str = Query(..., max_length=128)
 ) -> FileResponse:
     """A blob of the local store, on a signed URL; HTTP range requests are served from the file."""
     state = request.app.state.ws

@@ -44,6 +44,23 @@ class Settings:
     blob_url_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_BLOB_URL_TTL", "3600")))
     node_stale_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_NODE_STALE_SECONDS", "30")))
     long_poll_max_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_LONG_POLL_MAX", "30")))
+    #: how long a statement waits for a database lock (SQLite busy timeout, PostgreSQL lock_timeout)
+    #: before the request fails fast with 503 + Retry-After instead of stalling
+    database_lock_timeout_seconds: float = field(
+        default_factory=lambda: float(_env("WEIGHTSHIP_DATABASE_LOCK_TIMEOUT", "2"))
+    )
+    #: how long a request waits for a free pooled connection before answering 503
+    database_pool_timeout_seconds: float = field(
+        default_factory=lambda: float(_env("WEIGHTSHIP_DATABASE_POOL_TIMEOUT", "3"))
+    )
+    #: pooled connections kept open (PostgreSQL and SQLite files); up to as many again on bursts
+    database_pool_size: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_DATABASE_POOL_SIZE", "10")))
+    #: PostgreSQL ``statement_timeout``: no single statement may run longer than this
+    database_statement_timeout_seconds: float = field(
+        default_factory=lambda: float(_env("WEIGHTSHIP_DATABASE_STATEMENT_TIMEOUT", "30"))
+    )
+    #: largest request body accepted on routes without a limit of their own (``controlplane.limits``)
+    max_body_bytes: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_MAX_BODY_BYTES", str(64 * 1024))))
 
     def local_store_path(self) -> Path | None:
         """The directory of a ``local:`` store, else ``None``."""

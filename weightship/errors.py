@@ -10,11 +10,13 @@ from __future__ import annotations
 __all__ = [
     "AuthError",
     "ConflictError",
+    "DatabaseUnavailable",
     "DiskFullError",
     "ForbiddenError",
     "IntegrityError",
     "ManifestError",
     "NotFoundError",
+    "PayloadTooLarge",
     "PreconditionFailed",
     "PreconditionRequired",
     "StoreError",
@@ -48,6 +50,13 @@ class ManifestError(ValidationError):
     """A manifest (or the model directory it is built from) breaks the manifest contract."""
 
     code = "invalid_manifest"
+
+
+class PayloadTooLarge(ValidationError):
+    """A request body larger than the route accepts; nothing of it was kept."""
+
+    status_code = 413
+    code = "too_large"
 
 
 class IntegrityError(WeightshipError):
@@ -115,6 +124,12 @@ class TemporaryError(WeightshipError):
     def __init__(self, message: str, delay: float = 1.0) -> None:
         super().__init__(message)
         self.delay = delay
+
+
+class DatabaseUnavailable(TemporaryError):
+    """The control plane's database is locked, overloaded, unreachable, or not the file it opened."""
+
+    code = "database_unavailable"
 
 
 class DiskFullError(WeightshipError):

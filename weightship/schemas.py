@@ -57,6 +57,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "INT64_MAX",
     "BlobURL",
     "BlobURLRequest",
     "BlobURLs",
@@ -103,6 +104,12 @@ HexDigest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
 Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 Share = Annotated[float, Field(ge=0.0, le=1.0)]
+#: the largest integer any field takes: what a signed 64-bit database column (BigInteger) holds
+INT64_MAX = 2**63 - 1
+#: a count, size, offset or epoch: never negative, never beyond a 64-bit column
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+#: a finite, non-negative measurement (seconds, GB/s)
+Measure = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 
 class _Schema(BaseModel):
@@ -145,9 +152,9 @@ class UploadCreate(_Schema):
 class PartUpload(_Schema):
     """One part (= one chunk) of a blob to upload: PUT the chunk's bytes to ``url``."""
 
-    number: int = Field(ge=1, description="1-based part number; chunk index + 1")
-    offset: int = Field(ge=0)
-    length: int = Field(ge=0)
+    number: int = Field(ge=1, le=INT64_MAX, description="1-based part number; chunk index + 1")
+    offset: Count
+    length: Count
     sha256: HexDigest
     url: str = Field(description="absolute URL, or a path relative to the API base")
     headers: dict[str, str] = Field(default_factory=dict, description="headers the PUT must carry")
@@ -158,7 +165,7 @@ class BlobUpload(_Schema):
     """A file's blob: already in the store, or the parts still to upload."""
 
     sha256: HexDigest
-    size: int = Field(ge=0)
+    size: Count
     present: bool
     method: str = Field(description="'s3-multipart' or 'http-put'")
     parts: list[PartUpload] = Field(default_factory=list)
@@ -174,8 +181,8 @@ class UploadSession(_Schema):
     expires_at: datetime
     labels: list[Label]
     blobs: list[BlobUpload]
-    bytes_total: int
-    bytes_missing: int
+    bytes_total: Count
+    bytes_missing: Count
 
 
 class VersionInfo(_Schema):
@@ -185,8 +192,8 @@ class VersionInfo(_Schema):
     digest: Digest
     labels: list[Label]
     state: str
-    size: int
-    files: int
+    size: Count
+    files: Count
     created_at: datetime
     created_by: str
 
@@ -202,7 +209,7 @@ class ModelInfo(_Schema):
     """A model and its version count."""
 
     name: Name
-    versions: int
+    versions: Count
     allow_pickle: bool = False
     created_at: datetime
 
@@ -226,7 +233,7 @@ class Deployment(_Schema):
     previous_stable: Digest | None
     canary: Digest | None
     canary_share: Share
-    epoch: int
+    epoch: Count
     updated_at: datetime
 
 
@@ -249,7 +256,7 @@ class RollbackRequest(_Schema):
 class PointerEvent(_Schema):
     """One audit row: every pointer change writes one, with its new epoch."""
 
-    epoch: int
+    epoch: Count
     action: str = Field(description="'set', 'promote', 'canary', 'abort' or 'rollback'")
     actor: str
     reason: str
@@ -297,8 +304,8 @@ class VersionInventory(_Schema):
 
     digest: Digest
     state: VersionState
-    bytes_total: int
-    bytes_present: int
+    bytes_total: Count
+    bytes_present: Count
     error: str | None = None
 
 
@@ -307,25 +314,25 @@ class DeploymentState(_Schema):
 
     name: Name
     digest: Digest | None
-    epoch: int
+    epoch: Count
 
 
 class NodeCounters(_Schema):
     """Monotonic byte counters since the agent started."""
 
-    bytes_downloaded: int = 0
-    bytes_from_peers: int = 0
-    bytes_copied_locally: int = 0
-    chunks_rejected: int = 0
+    bytes_downloaded: Count = 0
+    bytes_from_peers: Count = 0
+    bytes_copied_locally: Count = 0
+    chunks_rejected: Count = 0
 
 
 class NodeHealth(_Schema):
     """Node health as the agent sees it."""
 
-    disk_total: int = 0
-    disk_free: int = 0
-    quota_bytes: int = 0
-    used_bytes: int = 0
+    disk_total: Count = 0
+    disk_free: Count = 0
+    quota_bytes: Count = 0
+    used_bytes: Count = 0
     errors: list[str] = Field(default_factory=list)
 
 
@@ -344,8 +351,8 @@ class ValidationReport(_Schema):
     digest: Digest
     passed: bool
     checks: list[ValidationCheck] = Field(default_factory=list)
-    load_seconds: float = 0.0
-    load_gbps: float = 0.0
+    load_seconds: Measure = 0.0
+    load_gbps: Measure = 0.0
     at: datetime | None = None
 
 
@@ -386,7 +393,7 @@ class DesiredDeployment(_Schema):
     name: Name
     model: Name
     digest: Digest | None
-    epoch: int
+    epoch: Count
     role: str = Field(description="'stable' or 'canary': which side of the split this node is on")
     keep: list[Digest] = Field(description="versions to keep on disk: stable, previous stable, canary")
 
@@ -423,13 +430,13 @@ class VersionStatus(_Schema):
 
     digest: Digest
     role: str = Field(description="'stable', 'previous_stable' or 'canary'")
-    nodes_desired: int
-    nodes_ready: int
-    nodes_fetching: int
-    nodes_failed: int
-    nodes_serving: int
-    bytes_present: int
-    bytes_total: int
+    nodes_desired: Count
+    nodes_ready: Count
+    nodes_fetching: Count
+    nodes_failed: Count
+    nodes_serving: Count
+    bytes_present: Count
+    bytes_total: Count
 
 
 class DeploymentStatus(_Schema):
@@ -437,8 +444,8 @@ class DeploymentStatus(_Schema):
 
     deployment: Deployment
     versions: list[VersionStatus]
-    nodes: int
-    stale_nodes: int
+    nodes: Count
+    stale_nodes: Count
     lagging_nodes: list[str] = Field(description="nodes not yet serving what they should")
 
 
@@ -504,5 +511,5 @@ class LocalDeployment(_Schema):
     model: Name | None
     digest: Digest | None
     path: str | None = Field(description="absolute path of the version directory")
-    epoch: int
+    epoch: Count
     ready: bool
