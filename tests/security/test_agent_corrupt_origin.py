@@ -73,7 +73,7 @@ async def test_a_corrupt_origin_chunk_is_fetched_a_bounded_number_of_times_and_r
     assert problem.chunk_digest == weights.chunks[2]
     assert (problem.attempts, problem.chunk_attempts) == (1, CHUNK_ATTEMPTS)
     assert problem.retry_at is not None
-    assert problem.retry_at - datetime.now(UTC) > timedelta(minutes=4), "the node backs off for minutes"
+    assert problem.retry_at - datetime.now(UTC) > timedelta(minutes=3), "the node backs off for minutes"
 
     # Bounded: the bad chunk was fetched CHUNK_ATTEMPTS times, and nothing of v2 is fetched again
     # over the next seconds while the node keeps heart-beating.
