@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
 from agent.counters import Counters
@@ -27,7 +28,7 @@ from agent.retention import Retention
 from agent.staging import Staging
 from agent.store import VersionStore
 from weightship.digests import format_digest, hex_of, sha256_hex
-from weightship.errors import IntegrityError
+from weightship.errors import IntegrityError, WeightshipError
 from weightship.layout import MANIFEST_FILE, META_DIR
 from weightship.logs import event
 from weightship.manifest import Manifest, parse_manifest
@@ -51,10 +52,17 @@ class ManifestSource(Protocol):
 
 @dataclass
 class Progress:
-    """How far the assembly of one version has come; read by heartbeats."""
+    """How far the assembly of one version has come; read by heartbeats.
+
+    ``trouble`` is the last failed chunk attempt of the running fetch that is being retried (and
+    ``trouble_at`` when the first one happened), so a fetch that keeps failing shows as
+    retrying, not as ``fetching 0%``.
+    """
 
     bytes_total: int = 0
     bytes_present: int = 0
+    trouble: WeightshipError | None = None
+    trouble_at: datetime | None = None
 
 
 class Assembler:
@@ -69,8 +77,10 @@ class Assembler:
         counters: Counters,
         executor: Executor,
         protected: Callable[[], set[str]],
+        on_trouble: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
+        self.on_trouble = on_trouble
         self.retention = retention
         self.fetcher = fetcher
         self.manifests = manifests
@@ -99,6 +109,7 @@ class Assembler:
     async def assemble(self, model: str, digest: str, progress: Progress) -> None:
         """Fetch, verify and install ``digest``; raises a ``WeightshipError`` saying what failed."""
         began = time.monotonic()
+        progress.trouble = progress.trouble_at = None
         manifest = await self.manifest(model, digest)
         progress.bytes_total = manifest.total_size
         staging = Staging(self.store.staging_dir, manifest)
@@ -145,8 +156,15 @@ class Assembler:
                         mb_per_s=f"{rate / 1e6:.1f}",
                     )
 
+            def trouble(error: WeightshipError) -> None:
+                progress.trouble = error
+                if progress.trouble_at is None:
+                    progress.trouble_at = datetime.now(UTC)
+                    self.on_trouble()  # report "retrying" now, not at the next periodic heartbeat
+
             try:
-                await self.fetcher.fetch(staging, {**self.store.local_chunks(), **staging.own_chunks()}, placed)
+                local = {**self.store.local_chunks(), **staging.own_chunks()}
+                await self.fetcher.fetch(staging, local, placed, trouble)
             finally:
                 self.retention.release(digest)
             final = await self._run(staging.finish)

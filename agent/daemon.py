@@ -111,6 +111,7 @@ class Agent:
             self.counters,
             self.executor,
             lambda: self.reconciler.protected(),  # the reconciler is created just below
+            on_trouble=self._changed.set,
         )
         self.reconciler = Reconciler(
             self.store,

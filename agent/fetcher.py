@@ -11,8 +11,11 @@ hashed in a worker thread (``hashlib`` drops the GIL) while the event loop keeps
 others, and written only if it matches. A mismatch counts in ``chunks_rejected`` and the chunk
 is fetched again with backoff; a chunk that fails ``attempts`` times fails the fetch with its
 last error once every other chunk has been tried (so they are kept, verified, for the next
-attempt). A full disk stops the fetch at once. Responses longer than the
-chunk are cut off and rejected, so a misbehaving origin cannot stream endless data.
+attempt). A chunk whose last attempt still brought bytes that did not match fails it with
+``CorruptChunkError``, naming the blob and chunk: the origin's copy is bad, and fetching it again
+soon would only burn bandwidth (the reconciler waits minutes before it tries again). A full disk
+stops the fetch at once. Responses longer than the chunk are cut off and rejected, so a
+misbehaving origin cannot stream endless data.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from weightship.errors import DiskFullError, IntegrityError, StoreError, Tempora
 from weightship.logs import event
 from weightship.schemas import BlobURL
 
-__all__ = ["BlobURLSource", "Fetcher"]
+__all__ = ["BlobURLSource", "CorruptChunkError", "Fetcher"]
 
 log = logging.getLogger("agent.fetcher")
 
@@ -49,6 +52,24 @@ class BlobURLSource(Protocol):
     async def blob_urls(self, blobs: Sequence[str]) -> dict[str, BlobURL]:
         """Short-lived read URLs for ``blobs`` (file sha256 hex)."""
         ...
+
+
+class CorruptChunkError(IntegrityError):
+    """Every fetch of one chunk brought bytes that do not hash to its digest: the origin copy is bad."""
+
+    def __init__(
+        self, message: str, *, blob: str, file: str, chunk_index: int, chunk_digest: str, rejected: int
+    ) -> None:
+        super().__init__(message)
+        self.blob = blob
+        self.file = file
+        self.chunk_index = chunk_index
+        self.chunk_digest = chunk_digest
+        self.rejected = rejected
+
+
+#: called with the error of each chunk attempt that will be retried
+Trouble = Callable[[WeightshipError], None]
 
 
 class Fetcher:
@@ -83,8 +104,13 @@ class Fetcher:
         staging: Staging,
         local: dict[str, LocalChunk],
         progress: Callable[[int], None] | None = None,
+        trouble: Trouble | None = None,
     ) -> None:
-        """Place every missing chunk of ``staging``; raises the last error of a chunk that kept failing."""
+        """Place every missing chunk of ``staging``; raises the last error of a chunk that kept failing.
+
+        ``trouble`` hears every failed chunk attempt that is retried, so a fetch that keeps
+        failing shows as such while it still runs.
+        """
         jobs = staging.jobs()
         if not jobs:
             return
@@ -95,6 +121,7 @@ class Fetcher:
         if remote:
             await self._refresh_urls({job.blob for job in remote})
         report = progress or (lambda _n: None)
+        warn = trouble or (lambda _e: None)
         event(
             log,
             "fetch.start",
@@ -109,7 +136,9 @@ class Fetcher:
             async with asyncio.TaskGroup() as group:
                 for job in jobs:
                     buf = await buffers.get()
-                    group.create_task(self._one(staging, job, local.get(job.digest), buf, buffers, report, failures))
+                    group.create_task(
+                        self._one(staging, job, local.get(job.digest), buf, buffers, report, warn, failures)
+                    )
         except BaseExceptionGroup as group_error:
             # A disk-full error stops everything at once; surface it, not the group.
             ours = group_error.subgroup(WeightshipError)
@@ -128,6 +157,7 @@ class Fetcher:
         buf: mmap.mmap,
         buffers: _Buffers,
         report: Callable[[int], None],
+        warn: Trouble,
         failures: list[WeightshipError],
     ) -> None:
         loop = asyncio.get_running_loop()
@@ -143,7 +173,7 @@ class Fetcher:
                 except (OSError, IntegrityError) as exc:
                     event(log, "fetch.local_copy_failed", logging.WARNING, chunk=job.digest, error=str(exc))
             try:
-                await self._download(staging, job, view)
+                await self._download(staging, job, view, warn)
             except DiskFullError:
                 raise
             except WeightshipError as exc:
@@ -154,10 +184,11 @@ class Fetcher:
         finally:
             buffers.put(buf)
 
-    async def _download(self, staging: Staging, job: ChunkJob, view: memoryview) -> None:
+    async def _download(self, staging: Staging, job: ChunkJob, view: memoryview, warn: Trouble) -> None:
         loop = asyncio.get_running_loop()
         backoff = DelaySequence(self.backoff_initial, self.backoff_max)
         last: WeightshipError | None = None
+        rejected = 0
         for attempt in range(1, self.attempts + 1):
             try:
                 url = await self._url(job.blob)
@@ -166,6 +197,7 @@ class Fetcher:
                 return
             except IntegrityError as exc:
                 self.counters.add(chunks_rejected=1)
+                rejected += 1
                 last = exc
             except UrlRejected as exc:
                 self._url_cache.pop(job.blob, None)
@@ -183,13 +215,37 @@ class Fetcher:
                     retry_in=f"{delay:.2f}",
                     error=last.message,
                 )
+                warn(last)
                 await asyncio.sleep(delay)
         assert last is not None
-        entry = staging.manifest.files[job.placements[0].file]
-        raise type(last)(
-            f"chunk {job.placements[0].chunk} of {entry.path} in {staging.manifest.digest} failed "
+        first = job.placements[0]
+        entry = staging.manifest.files[first.file]
+        message = (
+            f"chunk {first.chunk} of {entry.path} in {staging.manifest.digest} failed "
             f"{self.attempts} times; last error: {last.message}"
         )
+        if isinstance(last, IntegrityError):
+            event(
+                log,
+                "fetch.corrupt_origin",
+                logging.ERROR,
+                blob=job.blob,
+                file=entry.path,
+                chunk_index=first.chunk,
+                chunk=job.digest,
+                rejected=rejected,
+            )
+            raise CorruptChunkError(
+                f"{message}. The origin's copy of blob {job.blob} is corrupt at chunk {first.chunk} "
+                f"(bytes {job.blob_offset}-{job.blob_offset + job.length - 1}); re-publish the version "
+                "or restore the blob, then re-point the deployment to retry at once",
+                blob=job.blob,
+                file=entry.path,
+                chunk_index=first.chunk,
+                chunk_digest=job.digest,
+                rejected=rejected,
+            )
+        raise type(last)(message)
 
     async def _get_range(self, url: str, start: int, view: memoryview) -> None:
         def count(n: int) -> None:

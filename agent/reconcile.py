@@ -15,6 +15,14 @@ Per version (the heartbeat's inventory)::
                        failed                                                    v room needed
                                                                               evicted (LRU)
 
+A failed fetch is tried again after a capped exponential backoff (seconds), except when the
+origin's copy itself is bad (``CorruptChunkError``: a chunk's bytes never matched, however
+often they were fetched): then the version waits ``corrupt_retry`` (minutes, growing to an
+hour), because fetching the same bad bytes again only burns bandwidth. Either way a new desired
+state naming the version (e.g. the operator re-points the deployment once the origin is fixed)
+retries it at once. Each version's run of failures (why, since when, how many, when next) is
+reported in the heartbeat as a ``FetchProblem``.
+
 A digest is fetched once however many deployments want it (single flight), and a fetch that
 is no longer wanted is cancelled (its verified chunks stay in staging for later). Once every
 deployment's served version is ready, the other versions in ``keep`` (previous stable, canary)
@@ -30,16 +38,19 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from agent.assemble import Assembler, Progress
 from agent.epochs import EpochBook, StaleEpochError
+from agent.fetcher import CorruptChunkError
+from agent.rangeclient import UrlRejected
 from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
 from weightship.backoff import DelaySequence
-from weightship.errors import WeightshipError
+from weightship.errors import DiskFullError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event
-from weightship.schemas import DesiredState, VersionInventory, VersionState
+from weightship.schemas import DesiredState, FetchFailure, FetchProblem, VersionInventory, VersionState
 
 __all__ = ["Reconciler", "Target"]
 
@@ -47,6 +58,10 @@ log = logging.getLogger("agent.reconcile")
 
 #: refusals kept for the heartbeat
 MAX_REFUSED = 32
+#: first and longest wait before a version whose origin copy is corrupt is fetched again
+CORRUPT_RETRY = (300.0, 3600.0)
+#: longest error message carried in a heartbeat
+MAX_MESSAGE = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +86,54 @@ class _Version:
     error: str | None = None
     retry_at: float = 0.0
     backoff: DelaySequence | None = None
+    #: the last failed attempt, when this run of failures began, and how many attempts failed in it
+    failure: Exception | None = None
+    since: datetime | None = None
+    failures: int = 0
+    retry_wall: datetime | None = None
 
     @property
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
+
+    def problem(self) -> FetchProblem | None:
+        """Why this version is retrying or failed, for the heartbeat; ``None`` while all goes well."""
+        trouble, at = self.progress.trouble, self.progress.trouble_at
+        if self.running and trouble is not None and at is not None:
+            error: Exception = trouble
+            since = self.since or at
+        elif self.failure is not None and self.since is not None:
+            error, since = self.failure, self.since
+        else:
+            return None
+        corrupt = error if isinstance(error, CorruptChunkError) else None
+        return FetchProblem(
+            reason=failure_reason(error),
+            message=_message(error)[:MAX_MESSAGE],
+            since=since,
+            attempts=self.failures,
+            retry_at=None if self.running else self.retry_wall,
+            blob=corrupt.blob if corrupt else None,
+            file=corrupt.file[:1024] if corrupt else None,
+            chunk_index=corrupt.chunk_index if corrupt else None,
+            chunk_digest=corrupt.chunk_digest if corrupt else None,
+            chunk_attempts=corrupt.rejected if corrupt else 0,
+        )
+
+
+def failure_reason(error: Exception) -> FetchFailure:
+    """What kind of failure ``error`` is, as the heartbeat reports it."""
+    if isinstance(error, CorruptChunkError):
+        return FetchFailure.corrupt_origin
+    if isinstance(error, DiskFullError):
+        return FetchFailure.disk_full
+    if isinstance(error, (StoreError, TemporaryError, UrlRejected)):
+        return FetchFailure.origin_unavailable
+    return FetchFailure.error
+
+
+def _message(error: Exception) -> str:
+    return error.message if isinstance(error, WeightshipError) else f"{type(error).__name__}: {error}"
 
 
 class Reconciler:
@@ -92,6 +151,7 @@ class Reconciler:
         prefetch: bool = True,
         backoff_initial: float = 0.2,
         backoff_max: float = 10.0,
+        corrupt_retry: tuple[float, float] = CORRUPT_RETRY,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
@@ -103,6 +163,7 @@ class Reconciler:
         self.prefetch = prefetch
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.corrupt_retry = corrupt_retry
         self.on_change = on_change
         self._targets: dict[str, Target] = {}
         self._versions: dict[str, _Version] = {}
@@ -126,8 +187,20 @@ class Reconciler:
                     targets[item.name] = self._targets[item.name]
                 continue
             targets[item.name] = Target(item.name, item.model, item.digest, item.epoch, tuple(item.keep))
+        for target in targets.values():
+            if self._targets.get(target.name) != target:
+                self._retry_now(target)
         self._targets = targets
         self._wake.set()
+
+    def _retry_now(self, target: Target) -> None:
+        """A new desired state names these versions: a failed fetch of any of them is retried at once."""
+        for digest in (target.digest, *target.keep):
+            version = self._versions.get(digest) if digest else None
+            if version is not None and not version.running and version.error is not None and version.retry_at:
+                version.retry_at = 0.0
+                version.retry_wall = None
+                event(log, "fetch.retry_now", digest=digest, deployment=target.name, epoch=target.epoch)
 
     def _refuse(self, name: str, epoch: int, digest: str | None, exc: StaleEpochError) -> None:
         record = self.book.get(name)
@@ -182,6 +255,7 @@ class Reconciler:
                     bytes_total=version.progress.bytes_total,
                     bytes_present=version.progress.bytes_present,
                     error=None if version.running else version.error,
+                    problem=version.problem(),
                 )
             )
         return items
@@ -279,17 +353,30 @@ class Reconciler:
             self._versions.pop(version.digest, None)
             raise
         except Exception as exc:  # any failure is reported, never fatal to the agent
-            message = exc.message if isinstance(exc, WeightshipError) else f"{type(exc).__name__}: {exc}"
+            message = _message(exc)
+            reason = failure_reason(exc)
+            if reason == FetchFailure.corrupt_origin:
+                if version.failure is None or failure_reason(version.failure) != reason:
+                    version.backoff = DelaySequence(*self.corrupt_retry)
+            elif version.failure is not None and failure_reason(version.failure) == FetchFailure.corrupt_origin:
+                version.backoff = None  # no longer the origin's bytes: back to the short backoff
             version.backoff = version.backoff or DelaySequence(self.backoff_initial, max(self.backoff_max, 1.0))
             delay = version.backoff.next_delay()
+            now = datetime.now(UTC)
             version.error = message
+            version.failure = exc
+            version.failures += 1
+            version.since = version.since or (version.progress.trouble_at or now)
             version.retry_at = asyncio.get_running_loop().time() + delay
+            version.retry_wall = now + timedelta(seconds=delay)
             event(
                 log,
                 "fetch.failed",
                 logging.ERROR,
                 digest=version.digest,
+                reason=reason.value,
                 error=message,
+                attempts=version.failures,
                 retry_in=f"{delay:.2f}",
                 error_type=type(exc).__name__,
             )

@@ -15,8 +15,15 @@ chunk through. When every chunk is in place the files are fsynced and made read-
 verification record is written, and ``store.install`` renames the directory into ``versions/``:
 nothing is ever visible as ready before every chunk was verified.
 
-A file whose sha256 equals a file of a ready version is hard-linked (it is immutable and already
-verified); a chunk that equals any chunk held locally is copied and re-verified.
+A file of a ready version that its manifest says has the same sha256 is hard-linked (it is
+immutable), but only once this node knows the bytes match *this* manifest: a sha256 is only what
+some manifest claims, and a manifest that lies about it (a forged registry row, a buggy control
+plane) must not smuggle its bytes into another version. So a file is linked without reading it
+only when the ready version it comes from was verified under exactly this chunk geometry (same
+chunk size and chunk digests); otherwise it is linked to a temporary name, hashed chunk by chunk
+under this manifest, and put in place only if every chunk matches (else it is fetched). A chunk
+that equals any chunk held locally is copied and re-verified. On resume, linked files are hashed
+again too, like journaled chunks.
 """
 
 from __future__ import annotations
@@ -25,16 +32,17 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.durable import atomic_write, disk_full_as_ours, fsync_dir
-from agent.verifier import read_matches, verify_chunk
+from agent.store import LocalFile
+from agent.verifier import first_bad_chunk, read_matches, verify_chunk
 from weightship.digests import hex_of
 from weightship.layout import MANIFEST_FILE, META_DIR, VERIFIED_FILE, write_verification
 from weightship.logs import event
-from weightship.manifest import Manifest, check_relative_path
+from weightship.manifest import FileEntry, Manifest, check_relative_path
 
 __all__ = ["ChunkJob", "Placement", "Staging"]
 
@@ -144,6 +152,8 @@ class Staging:
         chunk_size = self.manifest.chunk_size
         buf = bytearray(min(chunk_size, max((f.size for f in self.manifest.files), default=1)) or 1)
         failed = 0
+        # A linked file replaced whatever chunks had been placed in that file before.
+        self.done = {(f, c) for f, c in self.done if f not in self.linked}
         for f, c in sorted(self.done):
             entry = self.manifest.files[f]
             start, end = entry.chunk_range(c, chunk_size)
@@ -151,10 +161,12 @@ class Staging:
                 self.done.discard((f, c))
                 failed += 1
         for f in sorted(self.linked):
-            path = self.dir / self.manifest.files[f].path
-            if not path.is_file() or path.stat().st_size != self.manifest.files[f].size:
+            entry = self.manifest.files[f]
+            if not self._linked_file_matches(entry):
+                # E.g. a power loss kept the journal line but not the rename: the sparse file is there.
                 self.linked.discard(f)
-                self._open_file(f, self.manifest.files[f].path, self.manifest.files[f].size)
+                (self.dir / entry.path).unlink(missing_ok=True)  # never write through a link
+                self._open_file(f, entry.path, entry.size)
                 failed += 1
         if failed:
             event(log, "staging.reverify_failed", logging.WARNING, digest=self.manifest.digest, chunks=failed)
@@ -163,26 +175,74 @@ class Staging:
 
     # --- filling -------------------------------------------------------------------------------
 
-    def link_identical(self, files: Mapping[str, Path]) -> int:
-        """Hard-link every missing file whose sha256 a ready version holds; bytes linked."""
+    def _linked_file_matches(self, entry: FileEntry) -> bool:
+        try:
+            fd = os.open(self.dir / entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            return first_bad_chunk(fd, entry, self.manifest.chunk_size) is None
+        finally:
+            os.close(fd)
+
+    def _same_geometry(self, source: LocalFile, entry: FileEntry) -> bool:
+        """Whether this node verified ``source`` under exactly ``entry``'s chunk digests and size."""
+        return source.chunk_size == self.manifest.chunk_size and source.chunks == entry.chunks
+
+    def link_identical(self, files: Mapping[str, Sequence[LocalFile]]) -> int:
+        """Hard-link every missing file a ready version holds with bytes that match this manifest; bytes linked.
+
+        Candidates come by the sha256 their manifests claim; each is trusted only as described
+        in the module docstring (same geometry, or hashed now under this one).
+        """
         linked = 0
         for index, entry in enumerate(self.manifest.files):
-            source = files.get(entry.sha256)
-            if index in self.linked or source is None or self._complete(index):
+            if index in self.linked or self._complete(index):
                 continue
-            target = self.dir / entry.path
-            tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.link")
-            try:
-                os.link(source, tmp)
-            except OSError:
-                continue  # other file system, or links not allowed: the chunks get copied instead
-            os.replace(tmp, target)
-            os.close(self._fds.pop(index))
-            self._missing.pop(index, None)
-            self.linked.add(index)
-            self._journal(f"f {index}\n")
-            linked += entry.size
+            # Those verified under this very geometry first: they need no reading.
+            candidates = sorted(files.get(entry.sha256, ()), key=lambda c: not self._same_geometry(c, entry))
+            for source in candidates:
+                if self._link(index, entry, source):
+                    linked += entry.size
+                    break
         return linked
+
+    def _link(self, index: int, entry: FileEntry, source: LocalFile) -> bool:
+        target = self.dir / entry.path
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.link")
+        try:
+            os.link(source.path, tmp)
+        except OSError:
+            return False  # other file system, or links not allowed: the chunks get copied instead
+        try:
+            if not self._same_geometry(source, entry):
+                # Hash the link itself: the very inode that would be served.
+                fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    bad = first_bad_chunk(fd, entry, self.manifest.chunk_size)
+                finally:
+                    os.close(fd)
+                if bad is not None:
+                    event(
+                        log,
+                        "staging.link_refused",
+                        logging.WARNING,
+                        digest=self.manifest.digest,
+                        file=entry.path,
+                        source=str(source.path),
+                        chunk_index=bad,
+                        reason="bytes do not match this manifest's chunk digests; fetching the file instead",
+                    )
+                    return False
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        os.close(self._fds.pop(index))
+        self._missing.pop(index, None)
+        self.linked.add(index)
+        self.done -= {(index, c) for c in range(len(entry.chunks))}
+        self._journal(f"f {index}\n")
+        return True
 
     def _complete(self, index: int) -> bool:
         return all((index, c) in self.done for c in range(len(self.manifest.files[index].chunks)))

@@ -27,6 +27,7 @@ import secrets
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.durable import atomic_symlink, atomic_write, fsync_dir
@@ -37,12 +38,25 @@ from weightship.layout import version_dir
 from weightship.logs import event
 from weightship.manifest import Manifest, check_model_name
 
-__all__ = ["LocalChunk", "VersionStore"]
+__all__ = ["LocalChunk", "LocalFile", "VersionStore"]
 
 log = logging.getLogger("agent.store")
 
 #: where a chunk's bytes can be read locally: (file, offset, length)
 LocalChunk = tuple[Path, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFile:
+    """A file of a ready version, and the chunk geometry this node verified it under.
+
+    Its sha256 (the key it is found by) is only what its manifest claims; what this node knows
+    is that the bytes hash to ``chunks`` at ``chunk_size``.
+    """
+
+    path: Path
+    chunk_size: int
+    chunks: tuple[str, ...]
 
 
 class VersionStore:
@@ -60,7 +74,7 @@ class VersionStore:
         self._ready: dict[str, Manifest] = {}
         self._last_used: dict[str, float] = {}
         self._chunks: dict[str, LocalChunk] | None = None
-        self._files: dict[str, Path] | None = None
+        self._files: dict[str, list[LocalFile]] | None = None
         # Retention evicts from a worker thread while the event loop reads; one lock for both.
         self._lock = threading.RLock()
 
@@ -178,19 +192,20 @@ class VersionStore:
             self._chunks = found
         return self._chunks
 
-    def local_files(self) -> dict[str, Path]:
-        """Where each whole file (by sha256) held by a ready version can be found."""
+    def local_files(self) -> dict[str, list[LocalFile]]:
+        """Every file of a ready version, by the sha256 its manifest claims (several may claim one)."""
         with self._lock:
             return self._local_files()
 
-    def _local_files(self) -> dict[str, Path]:
+    def _local_files(self) -> dict[str, list[LocalFile]]:
         if self._files is None:
-            self._files = {
-                entry.sha256: self.path(digest) / entry.path
-                for digest, manifest in self._ready.items()
-                for entry in manifest.files
-                if entry.size > 0
-            }
+            found: dict[str, list[LocalFile]] = {}
+            for digest, manifest in sorted(self._ready.items()):
+                for entry in manifest.files:
+                    if entry.size > 0:
+                        local = LocalFile(self.path(digest) / entry.path, manifest.chunk_size, entry.chunks)
+                        found.setdefault(entry.sha256, []).append(local)
+            self._files = found
         return self._files
 
     def _invalidate(self) -> None:

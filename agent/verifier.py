@@ -2,6 +2,9 @@
 
 Bytes from the network, from a peer or from another local version are all treated the same:
 their SHA-256 must equal the chunk digest in the manifest, whose own digest is the version id.
+A whole file found locally by its sha256 is no exception: that sha256 is only what some
+manifest claims, so the file is hashed again under the new manifest's chunk geometry
+(``first_bad_chunk``) unless this node already verified it under exactly that geometry.
 A ready version directory is trusted only if its manifest hashes to its name, the agent's
 verification record names the same digest, and every file has the manifest's size.
 """
@@ -11,12 +14,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from weightship.digests import format_digest, hex_of, sha256_hex
+from weightship.digests import format_digest, hex_of, sha256_hex, sha256_stream
 from weightship.errors import IntegrityError
 from weightship.layout import read_verification, read_version_manifest
-from weightship.manifest import Manifest
+from weightship.manifest import FileEntry, Manifest
 
-__all__ = ["check_version_dir", "chunk_matches", "read_matches", "verify_chunk"]
+__all__ = ["check_version_dir", "chunk_matches", "first_bad_chunk", "read_matches", "verify_chunk"]
+
+#: bytes read at a time when a whole file is hashed chunk by chunk
+READ_BLOCK = 4 * 1024 * 1024
 
 
 def chunk_matches(data: bytes | bytearray | memoryview, expected_hex: str) -> bool:
@@ -44,6 +50,29 @@ def read_matches(fd: int, offset: int, length: int, expected_hex: str, buf: byte
             return False
         done += n
     return chunk_matches(view, expected_hex)
+
+
+def first_bad_chunk(fd: int, entry: FileEntry, chunk_size: int) -> int | None:
+    """The first chunk of open file ``fd`` that does not hash to ``entry``'s digest at ``chunk_size``.
+
+    ``None`` when every chunk matches; chunk 0 when the file does not have ``entry.size`` bytes.
+    Reads in ``READ_BLOCK`` pieces, so a 4 GiB chunk needs no 4 GiB buffer.
+    """
+    if os.fstat(fd).st_size != entry.size:
+        return 0
+    buf = memoryview(bytearray(min(READ_BLOCK, max(entry.size, 1))))
+    for index, expected in enumerate(entry.chunks):
+        start, end = entry.chunk_range(index, chunk_size)
+        hasher = sha256_stream()
+        while start < end:
+            n = os.preadv(fd, [buf[: min(len(buf), end - start)]], start)
+            if n == 0:
+                return index
+            hasher.update(buf[:n])
+            start += n
+        if hasher.hexdigest() != expected:
+            return index
+    return None
 
 
 def check_version_dir(directory: Path, digest: str | None = None) -> Manifest:

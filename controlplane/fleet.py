@@ -44,7 +44,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -64,11 +64,13 @@ from weightship.schemas import (
     DeploymentStatus,
     DesiredDeployment,
     DesiredState,
+    FetchFailure,
     NodeEnrolment,
     NodeEnrolRequest,
     NodeHeartbeat,
     NodeInfo,
     NodeLabels,
+    NodeProblem,
     NodeRegistration,
     VersionState,
     VersionStatus,
@@ -244,9 +246,23 @@ def _enrol(session: Session, row: NodeRow, by: str, proposed: str | None) -> tup
     return token.id, secret
 
 
+def _corrupt_origins(report: NodeHeartbeat) -> set[tuple[str, str | None, int | None]]:
+    return {
+        (item.digest, item.problem.blob, item.problem.chunk_index)
+        for item in report.inventory
+        if item.problem is not None and item.problem.reason == FetchFailure.corrupt_origin
+    }
+
+
 def _heartbeat(state: Any, node_id: str, body: NodeHeartbeat) -> None:
     with state.sessions() as session:
         row = _node(session, node_id)
+        # The origin's copy of a blob is bad: say so once per node and chunk, not every heartbeat.
+        for digest, blob, chunk in sorted(_corrupt_origins(body) - _corrupt_origins(_report(row)), key=str):
+            log.error(
+                "origin_blob_corrupt node=%s version=%s blob=%s chunk_index=%s",
+                row.name, digest, blob, chunk,
+            )  # fmt: skip
         row.report = body.model_dump(mode="json")
         row.last_seen = utcnow()
         session.commit()
@@ -354,6 +370,8 @@ class _Tally:
     serving: int = 0
     present: int = 0
     total: int = 0
+    retrying: int = 0
+    problems: list[NodeProblem] = field(default_factory=list)
 
     def schema(self) -> VersionStatus:
         return VersionStatus(
@@ -366,6 +384,8 @@ class _Tally:
             nodes_serving=self.serving,
             bytes_present=self.present,
             bytes_total=self.total,
+            nodes_retrying=self.retrying,
+            problems=self.problems,
         )
 
 
@@ -402,6 +422,9 @@ def _status(state: Any, name: str) -> DeploymentStatus:
                 tally.failed += item.state == VersionState.failed
                 tally.present += item.bytes_present
                 tally.total += item.bytes_total
+                if item.problem is not None and item.state != VersionState.ready:
+                    tally.retrying += item.state == VersionState.fetching
+                    tally.problems.append(NodeProblem(node=node.name, state=item.state, problem=item.problem))
             if tally.digest == want:
                 tally.desired += 1
                 if item is None:

@@ -31,12 +31,15 @@ from weightship.publishing import PublishResult
 from weightship.schemas import (
     Deployment,
     DeploymentStatus,
+    FetchFailure,
+    FetchProblem,
     ModelInfo,
     NodeInfo,
     PointerEvent,
     TokenCreated,
     TokenInfo,
     VersionInfo,
+    VersionInventory,
     VersionState,
 )
 
@@ -46,6 +49,7 @@ __all__ = [
     "console",
     "deployment_table",
     "deployments_table",
+    "describe_problem",
     "history_table",
     "human_bytes",
     "manifest_table",
@@ -244,9 +248,12 @@ def nodes_table(nodes: Sequence[NodeInfo], now: datetime | None = None) -> Table
         if n.stale:
             seen.append(" stale", style="bold red")
         serving = ", ".join(f"{s.name}={short_digest(s.digest)}@{s.epoch}" for s in n.serving) or "-"
-        counts = {state: sum(1 for v in n.inventory if v.state == state) for state in VersionState}
-        versions = " ".join(f"{counts[s]} {s.value}" for s in VersionState if counts[s]) or "-"
-        if counts[VersionState.failed]:
+        counts: dict[str, int] = {}
+        for v in n.inventory:
+            counts[_state_word(v)] = counts.get(_state_word(v), 0) + 1
+        order = ("ready", "fetching", "retrying", "failed")
+        versions = " ".join(f"{counts[s]} {s}" for s in order if s in counts) or "-"
+        if counts.get("failed") or counts.get("retrying"):
             versions = f"[red]{versions}[/red]"
         table.add_row(
             n.name,
@@ -257,21 +264,62 @@ def nodes_table(nodes: Sequence[NodeInfo], now: datetime | None = None) -> Table
             serving,
             versions,
             human_bytes(n.counters.bytes_downloaded),
-            _problems(n),
+            _problems(n, now),
         )
     return table
 
 
-def _problems(node: NodeInfo) -> Text:
-    """Failed versions, health errors and refused pointers, one per line; '-' when none."""
-    lines = [f"{short_digest(v.digest)}: {v.error}" for v in node.inventory if v.error]
-    lines += node.health.errors
+def _state_word(item: VersionInventory) -> str:
+    """``retrying`` for a fetch that keeps failing, else the version's state."""
+    if item.state == VersionState.fetching and item.problem is not None:
+        return "retrying"
+    return item.state.value
+
+
+def describe_problem(problem: FetchProblem, state: VersionState, now: datetime, *, full: bool = False) -> str:
+    """One line: what keeps failing (for a corrupt origin, which blob and chunk), since when, what next.
+
+    ``full`` shows whole digests (where a person copies them); otherwise 12 hex characters.
+    """
+
+    def digest(hex_value: str | None) -> str:
+        return (hex_value or "?") if full else short_digest(hex_value)
+
+    if problem.reason == FetchFailure.corrupt_origin:
+        what = (
+            f"corrupt origin blob {digest(problem.blob)} chunk {problem.chunk_index} "
+            f"({problem.file}, expected sha256:{digest(problem.chunk_digest)}): "
+            f"rejected {problem.chunk_attempts} times"
+        )
+    else:
+        what = f"{problem.reason.value.replace('_', ' ')}: {problem.message}"
+    tries = f"{problem.attempts} failed attempt{'' if problem.attempts == 1 else 's'}"
+    since = f"since {_when(problem.since)} ({_ago(problem.since, now)}, {tries})"
+    if state == VersionState.fetching:
+        return f"retrying {since}; {what}"
+    after = f"retries at {_when(problem.retry_at)}" if problem.retry_at else "retries on the next desired state"
+    fix = "restore or re-publish the blob, then " if problem.reason == FetchFailure.corrupt_origin else ""
+    return f"failed {since}; {what}; {after}, or {fix}re-point the deployment to retry now"
+
+
+def _problems(node: NodeInfo, now: datetime) -> Text:
+    """Failed or retrying versions, health errors and refused pointers, one per line; '-' when none."""
+    lines = [
+        f"{short_digest(v.digest)}: {describe_problem(v.problem, v.state, now)}"
+        if v.problem
+        else f"{short_digest(v.digest)}: {v.error}"
+        for v in node.inventory
+        if v.problem or v.error
+    ]
+    reported = {v.error for v in node.inventory if v.problem}
+    lines += [e for e in node.health.errors if e not in reported]
     lines += [f"refused: {r}" for r in node.refused]
     return Text("\n".join(lines), style="red") if lines else Text("-")
 
 
-def status_view(status: DeploymentStatus) -> RenderableType:
-    """``weightship status D``: the pointer, then per version how far the fleet is."""
+def status_view(status: DeploymentStatus, now: datetime | None = None) -> RenderableType:
+    """``weightship status D``: the pointer, per version how far the fleet is, then what keeps failing where."""
+    now = now or datetime.now(UTC)
     d = status.deployment
     versions = Table(
         "ROLE",
@@ -279,6 +327,7 @@ def status_view(status: DeploymentStatus) -> RenderableType:
         "DESIRED",
         "READY",
         "FETCHING",
+        "RETRYING",
         "FAILED",
         "SERVING",
         "LAG",
@@ -294,7 +343,8 @@ def status_view(status: DeploymentStatus) -> RenderableType:
             short_digest(v.digest),
             str(v.nodes_desired),
             str(v.nodes_ready),
-            str(v.nodes_fetching),
+            str(v.nodes_fetching - v.nodes_retrying),
+            f"[red]{v.nodes_retrying}[/red]" if v.nodes_retrying else "0",
             f"[red]{v.nodes_failed}[/red]" if v.nodes_failed else "0",
             str(v.nodes_serving),
             f"[yellow]{lag}[/yellow]" if lag else "0",
@@ -305,7 +355,14 @@ def status_view(status: DeploymentStatus) -> RenderableType:
         summary.append(f"; not yet serving what they should: {', '.join(status.lagging_nodes)}", style="yellow")
     else:
         summary.append("; every node serves what it should", style="green")
-    return Group(deployment_table(d), Text(""), versions, summary)
+    problems = [
+        Text(f"{p.node} {v.role} {short_digest(v.digest)}: {describe_problem(p.problem, p.state, now, full=True)}")
+        for v in status.versions
+        for p in v.problems
+    ]
+    if problems:
+        problems.insert(0, Text("fetches that keep failing:", style="bold red"))
+    return Group(deployment_table(d), Text(""), versions, summary, *problems)
 
 
 def tokens_table(tokens: Sequence[TokenInfo]) -> Table:

@@ -70,6 +70,8 @@ __all__ = [
     "DesiredState",
     "ErrorBody",
     "ErrorDetail",
+    "FetchFailure",
+    "FetchProblem",
     "LabelCreate",
     "LocalDeployment",
     "ModelInfo",
@@ -80,6 +82,7 @@ __all__ = [
     "NodeHeartbeat",
     "NodeInfo",
     "NodeLabels",
+    "NodeProblem",
     "NodeRegistration",
     "PartUpload",
     "PointerEvent",
@@ -299,6 +302,34 @@ class VersionState(StrEnum):
     failed = "failed"
 
 
+class FetchFailure(StrEnum):
+    """Why a node's fetch of a version keeps failing."""
+
+    corrupt_origin = "corrupt_origin"  # a chunk's bytes from the origin never matched its digest
+    origin_unavailable = "origin_unavailable"  # the origin (or its URLs) refused or did not answer
+    disk_full = "disk_full"
+    error = "error"  # anything else; the message says what
+
+
+class FetchProblem(_Schema):
+    """A version whose fetch is retrying or has failed on a node: why, since when, what next.
+
+    ``state`` ``fetching`` with a problem is a fetch that is retrying; ``failed`` is one that
+    gave up until ``retry_at`` (or until a new desired state names the version again).
+    """
+
+    reason: FetchFailure
+    message: str = Field(max_length=4096, description="the last error, as the node logged it")
+    since: datetime = Field(description="when this run of failures began")
+    attempts: int = Field(ge=0, description="whole fetch attempts of the version that failed in a row")
+    retry_at: datetime | None = Field(default=None, description="when the node tries again by itself")
+    blob: HexDigest | None = Field(default=None, description="corrupt_origin: the blob (file sha256) at fault")
+    file: str | None = Field(default=None, max_length=1024, description="corrupt_origin: the file's path")
+    chunk_index: int | None = Field(default=None, ge=0, description="corrupt_origin: the chunk's index in the file")
+    chunk_digest: HexDigest | None = Field(default=None, description="corrupt_origin: the chunk's expected sha256")
+    chunk_attempts: int = Field(default=0, ge=0, description="corrupt_origin: times the chunk was fetched and rejected")
+
+
 class VersionInventory(_Schema):
     """One version on a node's disk."""
 
@@ -307,6 +338,7 @@ class VersionInventory(_Schema):
     bytes_total: Count
     bytes_present: Count
     error: str | None = None
+    problem: FetchProblem | None = None
 
 
 class DeploymentState(_Schema):
@@ -425,6 +457,14 @@ class BlobURLs(_Schema):
     urls: dict[str, BlobURL]
 
 
+class NodeProblem(_Schema):
+    """One node's fetch problem with a version, as ``GET /v1/deployments/{name}/status`` lists it."""
+
+    node: Name
+    state: VersionState
+    problem: FetchProblem
+
+
 class VersionStatus(_Schema):
     """How a version of a deployment stands across the fleet."""
 
@@ -437,6 +477,8 @@ class VersionStatus(_Schema):
     nodes_serving: Count
     bytes_present: Count
     bytes_total: Count
+    nodes_retrying: Count = Field(default=0, description="nodes fetching it whose fetch keeps failing")
+    problems: list[NodeProblem] = Field(default_factory=list, description="why it is retrying or failed, per node")
 
 
 class DeploymentStatus(_Schema):

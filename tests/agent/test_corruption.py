@@ -69,9 +69,12 @@ async def test_a_chunk_corrupted_every_time_fails_the_fetch_and_the_old_version_
     length = min(v2.chunk_size, weights.size - bad)
     assert staged.read_bytes()[bad : bad + length] == bytes(length)
 
-    # The origin heals: the next retry (backoff) completes v2 from the chunks already verified.
+    # The origin's copy is bad, so the node waits minutes before it tries again; the operator
+    # fixes the origin and re-points the deployment (a new epoch), and the node retries at once,
+    # completing v2 from the chunks already verified.
     proxy.corrupt = lambda _blob, _start: False
     served_before = len(proxy.served)
+    fleet.point(deployment, model, "v2")
     await agent.serving(v2.digest, within=30)
     refetched = [(s.blob, s.start) for s in proxy.served[served_before:]]
     assert refetched == [(weights.sha256, bad)], "only the chunk that failed is fetched again"

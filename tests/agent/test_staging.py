@@ -10,9 +10,10 @@ import pytest
 
 from agent.staging import Staging
 from agent.store import VersionStore
-from tests.agent.local_versions import fill, install, manifest_of, small_tmpfs
+from tests.agent.local_versions import CHUNK, fill, install, manifest_of, small_tmpfs
 from weightship.errors import DiskFullError, IntegrityError
 from weightship.layout import read_verification
+from weightship.manifest import build_manifest, canonical_json, parse_manifest
 
 
 def test_bytes_that_do_not_match_are_never_written(tmp_path: Path, make_model: Callable[..., Path]) -> None:
@@ -89,6 +90,66 @@ def test_identical_files_are_hard_linked_from_a_ready_version(tmp_path: Path, ma
     for entry in shared:
         assert (staging.dir / entry.path).stat().st_ino == (store.path(v1.digest) / entry.path).stat().st_ino
     assert all(p.file not in {v2.files.index(f) for f in shared} for j in staging.jobs() for p in j.placements)
+
+
+def test_a_file_that_only_claims_a_held_sha256_is_hashed_and_not_linked(
+    tmp_path: Path, make_model: Callable[..., Path]
+) -> None:
+    store = VersionStore(tmp_path / "data")
+    v1 = install(store, make_model("a", seed=1))
+    held = next(f for f in v1.files if f.path.endswith(".safetensors"))
+    # v2's weights claim v1's sha256 but their chunk digests describe other bytes (a forged manifest).
+    doc = manifest_of(make_model("b", seed=2)).to_json()
+    for entry in doc["files"]:
+        if entry["path"] == held.path:
+            entry["sha256"] = held.sha256
+    v2 = parse_manifest(canonical_json(doc))
+    staging = Staging(store.staging_dir, v2)
+    staging.open()
+    linked = staging.link_identical(store.local_files())
+    index = next(i for i, f in enumerate(v2.files) if f.path == held.path)
+    assert index not in staging.linked
+    assert linked == sum(f.size for f in v2.files if f.path != held.path)  # config.json: same geometry
+    assert {p.file for j in staging.jobs() for p in j.placements} == {index}
+    assert not list(staging.dir.glob(".*.link")), "no temporary link is left behind"
+
+
+def test_a_held_file_under_another_chunk_size_is_linked_once_hashed_under_this_one(
+    tmp_path: Path, make_model: Callable[..., Path]
+) -> None:
+    store = VersionStore(tmp_path / "data")
+    source = make_model("a", seed=1)
+    v1 = install(store, source)
+    v2 = build_manifest(source, "m", chunk_size=2 * CHUNK)
+    staging = Staging(store.staging_dir, v2)
+    staging.open()
+    assert staging.link_identical(store.local_files()) == v2.total_size
+    assert staging.jobs() == []
+    weights = next(f for f in v2.files if f.path.endswith(".safetensors"))
+    assert (staging.dir / weights.path).stat().st_ino == (store.path(v1.digest) / weights.path).stat().st_ino
+
+
+def test_resume_hashes_a_linked_file_again_and_refetches_it_if_the_link_was_lost(
+    tmp_path: Path, make_model: Callable[..., Path]
+) -> None:
+    source = make_model("a", tensors_mb=0.5)
+    manifest = manifest_of(source)
+    weights = next(i for i, f in enumerate(manifest.files) if f.path.endswith(".safetensors"))
+    staging = Staging(tmp_path, manifest)
+    staging.open()
+    # A power loss kept the journal line of a link, but not the rename: the sparse file is there.
+    with open(staging.journal_path, "a") as journal:
+        journal.write(f"f {weights}\n")
+    staging.close()
+    again = Staging(tmp_path, manifest)
+    again.open()
+    assert weights in again.linked
+    assert again.reverify() == 1
+    assert weights not in again.linked
+    assert {p.file for j in again.jobs() for p in j.placements} == set(range(len(manifest.files)))
+    fill(again, source)
+    again.finish()
+    assert (again.dir / manifest.files[weights].path).read_bytes() == (source / manifest.files[weights].path).read_bytes()
 
 
 @pytest.fixture

@@ -1,12 +1,14 @@
 """Fixtures for the security tests, re-exported so hostile cases run against the same real processes.
 
-From ``tests/controlplane/conftest.py`` (see there): a live control plane over HTTP on the
-parametrised database, the origin-store parametrisation (local directory and moto S3) and the
-step-by-step ``publisher``.
+From ``tests/controlplane/conftest.py``: a live control plane over HTTP on the parametrised
+database, the origin-store parametrisation (local directory and moto S3) and the step-by-step
+``publisher``. From ``tests/agent/conftest.py``: the agent tests' real control plane, fault proxy
+and agent processes.
 """
 
 from __future__ import annotations
 
+from tests.agent.conftest import controlplane, deployment, fleet, model, proxy, spawn, versions
 from tests.controlplane.conftest import (
     cp_client,
     cp_settings,
@@ -17,4 +19,19 @@ from tests.controlplane.conftest import (
     role_headers,
 )
 
-__all__ = ["cp_client", "cp_settings", "cp_state", "live_controlplane", "origin_settings", "publisher", "role_headers"]
+__all__ = [
+    "controlplane",
+    "cp_client",
+    "cp_settings",
+    "cp_state",
+    "deployment",
+    "fleet",
+    "live_controlplane",
+    "model",
+    "origin_settings",
+    "proxy",
+    "publisher",
+    "role_headers",
+    "spawn",
+    "versions",
+]
