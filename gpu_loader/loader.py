@@ -1,6 +1,6 @@
 """The public loading API: a version directory in, verified tensors on a device out.
 
-``Loader`` owns what is worth keeping between loads (the pinned staging ring of each GPU) and
+``Loader`` owns what is worth keeping between loads (one pinned staging ring, shared by its GPUs) and
 runs one ``LoadSession`` per load: open the version and check what costs only a header read,
 plan byte ranges, run the pipeline, and hand out each tensor once every chunk it spans is
 verified. ``load_state_dict`` and ``load_into_module`` are the one-call forms.

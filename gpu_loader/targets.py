@@ -115,6 +115,9 @@ class Target:
         }
         self._flat = {index: out.view(-1) for index, out in self.outputs.items()}
 
+    def start_reader(self) -> None:
+        """Called first in each reader thread."""
+
     def buffer(self, file: int, block: Block, cancelled: Event) -> ReadBuffer | None:
         """Memory to read ``block`` into; ``None`` when the load was cancelled while waiting."""
         raise NotImplementedError
@@ -254,6 +257,11 @@ class CudaTarget(Target):
         # Where cast pieces land on the device before their cast: one block per reader, used only
         # on that reader's stream, so stream order alone keeps reuse safe.
         self._cast_scratch: list[torch.Tensor | None] = [None] * readers
+
+    def start_reader(self) -> None:
+        """Make the load's GPU this thread's current device: no CUDA call a reader makes (a fence
+        wait included) may fall back to device 0 and create a context there."""
+        torch.cuda.set_device(self.device)
 
     def buffer(self, file: int, block: Block, cancelled: Event) -> ReadBuffer | None:
         """A staging buffer from the ring (waiting for one to be free)."""

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from weightship.digests import hex_of
 from weightship.layout import MANIFEST_FILE, META_DIR, read_version_manifest, write_verification
 from weightship.manifest import Manifest, build_manifest
@@ -70,3 +72,34 @@ def write_safetensors(
     text += b" " * ((data_start_mod16 - 8 - len(text)) % 16)
     path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(raw for *_, raw in tensors))
     return 8 + len(text)
+
+
+def odd_tensors() -> dict[str, tuple[str, torch.Tensor]]:
+    """Name -> (safetensors dtype, tensor), in file order: F32 after a 6-byte tensor (so at 2 mod 4
+    in the file), FP8, integers and zero-size tensors."""
+    g = torch.Generator().manual_seed(7)
+    return {
+        "model.embed.weight": ("F32", torch.randn(512, 64, generator=g)),
+        "model.odd_bias": ("BF16", torch.randn(3, generator=g).bfloat16()),  # 6 bytes: shifts what follows
+        "model.unaligned.weight": ("F32", torch.randn(100, 10, generator=g)),  # at 2 mod 4 in the file
+        "model.pad": ("BF16", torch.randn(1, generator=g).bfloat16()),  # back to 0 mod 8
+        "model.fp8.weight": ("F8_E4M3", torch.randn(64, 64, generator=g).to(torch.float8_e4m3fn)),
+        "model.empty.weight": ("BF16", torch.empty(0, 16, dtype=torch.bfloat16)),
+        "model.ids": ("I64", torch.arange(33, dtype=torch.int64)),
+        "model.nothing": ("F64", torch.empty(0, dtype=torch.float64)),
+        "model.proj.weight": ("BF16", torch.randn(256, 128, generator=g).bfloat16()),
+        "model.big.weight": ("F32", torch.randn(256, 256, generator=g)),
+    }
+
+
+def stage_odd(root: Path) -> Path:
+    """Write ``odd_tensors`` as one file whose data section starts at 8 mod 16, and stage it (64 KiB chunks)."""
+    model = root / "model"
+    model.mkdir()
+    tensors = [
+        (name, dtype, tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
+        for name, (dtype, t) in odd_tensors().items()
+    ]
+    start = write_safetensors(model / "model.safetensors", tensors, data_start_mod16=8)
+    assert start % 16 == 8
+    return stage(model, root / "data", model="odd", chunk_size=64 * 1024)

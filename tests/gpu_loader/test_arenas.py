@@ -1,6 +1,6 @@
 """Where loaded tensors live on CPU: aligned arenas, casts without a memory peak, odd tensors, devices.
 
-The file ``odd_version`` writes by hand has its data section at 8 modulo 16 (as half of the
+The file ``odd_version`` (conftest) writes by hand has its data section at 8 modulo 16 (as half of the
 files stock safetensors writes do), a 6-byte tensor that shifts the next ones off their natural
 alignment, FP8, integer and zero-size tensors: the cases a loader gets wrong first.
 """
@@ -19,7 +19,7 @@ import torch
 from gpu_loader.loader import Loader, LoadOptions, resolve_device
 from gpu_loader.modelgen import generate
 from gpu_loader.sharding import ShardSpec
-from tests.gpu_loader.staged_versions import stage, write_safetensors
+from tests.gpu_loader.staged_versions import odd_tensors, stage
 from weightship.errors import ValidationError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,36 +29,6 @@ SMALL = LoadOptions(readers=3, block_size=16 * 1024)
 
 def split(name: str) -> bool:
     return name.endswith(".weight")
-
-
-def odd_tensors() -> dict[str, tuple[str, torch.Tensor]]:
-    """Name -> (safetensors dtype, tensor), in file order."""
-    g = torch.Generator().manual_seed(7)
-    return {
-        "model.embed.weight": ("F32", torch.randn(512, 64, generator=g)),
-        "model.odd_bias": ("BF16", torch.randn(3, generator=g).bfloat16()),  # 6 bytes: shifts what follows
-        "model.unaligned.weight": ("F32", torch.randn(100, 10, generator=g)),  # at 2 mod 4 in the file
-        "model.pad": ("BF16", torch.randn(1, generator=g).bfloat16()),  # back to 0 mod 8
-        "model.fp8.weight": ("F8_E4M3", torch.randn(64, 64, generator=g).to(torch.float8_e4m3fn)),
-        "model.empty.weight": ("BF16", torch.empty(0, 16, dtype=torch.bfloat16)),
-        "model.ids": ("I64", torch.arange(33, dtype=torch.int64)),
-        "model.nothing": ("F64", torch.empty(0, dtype=torch.float64)),
-        "model.proj.weight": ("BF16", torch.randn(256, 128, generator=g).bfloat16()),
-        "model.big.weight": ("F32", torch.randn(256, 256, generator=g)),
-    }
-
-
-@pytest.fixture(scope="module")
-def odd_version(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = tmp_path_factory.mktemp("odd") / "model"
-    model.mkdir()
-    tensors = [
-        (name, dtype, tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
-        for name, (dtype, t) in odd_tensors().items()
-    ]
-    start = write_safetensors(model / "model.safetensors", tensors, data_start_mod16=8)
-    assert start % 16 == 8
-    return stage(model, tmp_path_factory.mktemp("data"), model="odd", chunk_size=64 * 1024)
 
 
 def expected(name: str, tensor: torch.Tensor, shard: ShardSpec | None, dtype: torch.dtype | None) -> torch.Tensor:
