@@ -191,9 +191,11 @@ def test_non_strict_module_load_ignores_extra_tensors(versions) -> None:
 def test_a_consumer_error_stops_the_session_threads(versions) -> None:
     import threading
 
+    def consume(session) -> None:
+        for name, _tensor in session:
+            raise KeyError(name)
+
     before = threading.active_count()
-    with Loader(LoadOptions(block_size=64 * 1024, readers=3)) as loader:
-        with pytest.raises(KeyError):
-            for name, _tensor in loader.session(versions.sharded, verify="full"):
-                raise KeyError(name)
+    with Loader(LoadOptions(block_size=64 * 1024, readers=3)) as loader, pytest.raises(KeyError):
+        consume(loader.session(versions.sharded, verify="full"))
     assert threading.active_count() == before
