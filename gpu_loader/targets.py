@@ -289,7 +289,7 @@ class CudaTarget(Target):
                 for piece in block.pieces:
                     rel = piece.start - block.start
                     if piece.cast_slot is not None:
-                        landing = self._landing(reader, stream)[: piece.length]
+                        landing = self._landing(reader)[: piece.length]
                         landing.copy_(source[rel : rel + piece.length], non_blocking=True)
                         self._cast(piece, landing)
                     elif piece.arena_offset is not None:
@@ -302,7 +302,7 @@ class CudaTarget(Target):
                 buf.staging.event = event
         return event
 
-    def _landing(self, reader: int, stream: torch.cuda.Stream) -> torch.Tensor:
+    def _landing(self, reader: int) -> torch.Tensor:
         landing = self._cast_scratch[reader]
         if landing is None:
             # Allocated on the reader's stream, so the caching allocator ties it to that stream.
