@@ -15,17 +15,29 @@ Baselines, measured in this run:
 * ``sha256 x cores``: SHA-256 of in-memory data, one thread's rate times the core count.
 * ``safetensors``: ``safetensors.torch.load_file`` per file (on CPU it maps the file lazily, so
   the timing includes touching one byte per page of every tensor, making the bytes resident).
-* ``pinned H2D`` (CUDA): ``copy_`` of a 256 MiB pinned buffer to the device.
+* ``state_dict``: what users do today to fill a model: build the module on the device
+  (``to_empty``), ``safetensors.torch.load_file`` every file onto the same device, then
+  ``module.load_state_dict``. Against it, ``full_module``: gpu_loader builds the same module on
+  ``meta`` and loads it with ``Loader.load_into(..., verify="full")``, every byte SHA-256-checked.
+* ``h2d`` (CUDA): ``copy_`` of the model's byte count from a pinned 256 MiB buffer to the device,
+  measured in every round beside the others (PCIe shifts with clocks and neighbours).
+* ``pinned_read_h2d`` (CUDA): the fair pipeline baseline: the same reader count and block size
+  as gpu_loader read the files into a ring of pinned buffers and each reader overlaps its
+  ``copy_`` to the device on its own stream with its next read; no hashing, no tensors.
 
 gpu_loader runs with its defaults (``owned``: tensors in memory it allocates) and, on CPU, also
-with ``cpu_mapped=True`` (tensors are copy-on-write views of the page cache).
+with ``cpu_mapped=True`` (tensors are copy-on-write views of the page cache). ``first_tensor_ms``
+is the time from ``Loader.session`` to the first tensor handed out (``trust``, median of the
+rounds): what a server streaming weights into its layers waits before it can start.
 
-Usage: python bench/load.py [--size-mb 768] [--shards 4] [--device cpu|cuda:0] [--repeat 3]
-                            [--dir PATH] [--no-cold]
+Usage: python bench/load.py [--size-mb 768, 16384 on CUDA] [--shards 4] [--device cpu|cuda:0]
+                            [--repeat 3] [--dir PATH] [--no-cold]
 Last line: one JSON object; keys ``trust_vs_raw``, ``full_vs_limit``, ``trust_vs_safetensors``
 (default loader vs ``raw_stream``, ``min(raw_stream, sha256 x cores)`` and safetensors; best
 round against best round), ``trust_vs_raw_median`` and ``full_vs_limit_median`` (median against
-median), on CUDA ``cuda_vs_h2d``, plus the same for the mapped CPU mode and against ``raw_fresh``.
+median), ``full_vs_state_dict`` (``full_module`` against ``state_dict``), ``first_tensor_ms``; on
+CUDA ``cuda_vs_h2d`` and ``cuda_vs_pinned_read_h2d`` (``trust`` against each); plus the same for
+the mapped CPU mode and against ``raw_fresh``.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ import hashlib
 import json
 import os
 import platform
+import queue
 import resource
 import shutil
 import statistics
@@ -52,6 +65,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_loader.loader import Loader, LoadOptions
+from gpu_loader.model import LlamaConfig, build_model
 from gpu_loader.modelgen import generate
 from weightship.digests import hex_of
 from weightship.layout import MANIFEST_FILE, META_DIR, write_verification
@@ -134,20 +148,92 @@ def first_touch_rate() -> float:
     return 512 * 1024 * 1024 / (time.perf_counter() - started) / 1e9
 
 
-def h2d_rate(device: str) -> float:
+def h2d(device: str, total: int) -> Callable[[], None]:
+    """Copy ``total`` bytes to the device from one pinned 256 MiB buffer (buffers made once)."""
     size = 256 * 1024 * 1024
     src = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(size, dtype=torch.uint8, device=device)
-    dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize(device)
-    best = 0.0
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(8):
-            dst.copy_(src, non_blocking=True)
+
+    def run() -> None:
+        for offset in range(0, total, size):
+            n = min(size, total - offset)
+            dst[:n].copy_(src[:n], non_blocking=True)
         torch.cuda.synchronize(device)
-        best = max(best, 8 * size / (time.perf_counter() - started) / 1e9)
-    return best
+
+    return run
+
+
+def pinned_read_h2d(files: list[Path], device: str, readers: int, block: int) -> Callable[[], None]:
+    """Readers fill pinned buffers and overlap each copy to the device with their next read."""
+    buffers = [torch.empty(block, dtype=torch.uint8, pin_memory=True) for _ in range(2 * readers + 2)]
+    streams = [torch.cuda.Stream(device=device) for _ in range(readers)]
+    sizes = [p.stat().st_size for p in files]
+    work = [(i, off, min(block, size - off)) for i, size in enumerate(sizes) for off in range(0, size, block)]
+
+    def run() -> None:
+        dests = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
+        free: queue.SimpleQueue[tuple[torch.Tensor, torch.cuda.Event | None]] = queue.SimpleQueue()
+        for buffer in buffers:
+            free.put((buffer, None))
+        fds = [os.open(p, os.O_RDONLY) for p in files]
+        items = iter(work)
+        lock = threading.Lock()
+
+        def reader(stream: torch.cuda.Stream) -> None:
+            torch.cuda.set_device(device)
+            view_of = {id(b): b.numpy().data.cast("B") for b in buffers}
+            while True:
+                with lock:
+                    item = next(items, None)
+                if item is None:
+                    return
+                file, offset, length = item
+                buffer, fence = free.get()
+                if fence is not None:
+                    fence.synchronize()
+                memory = view_of[id(buffer)][:length]
+                done = 0
+                while done < length:
+                    done += os.preadv(fds[file], [memory[done:]], offset + done)
+                with torch.cuda.stream(stream):
+                    dests[file][offset : offset + length].copy_(buffer[:length], non_blocking=True)
+                    event = torch.cuda.Event(blocking=True)
+                    event.record(stream)
+                free.put((buffer, event))
+
+        threads = [threading.Thread(target=reader, args=(s,)) for s in streams]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for stream in streams:
+            stream.synchronize()
+        for fd in fds:
+            os.close(fd)
+        dests.clear()
+
+    return run
+
+
+def state_dict_load(files: list[Path], config: LlamaConfig, device: str) -> None:
+    """The path users take today: a module on the device, ``load_file`` onto it, ``load_state_dict``."""
+    module = build_model(config).to_empty(device=device)
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(load_file(path, device=device))
+    module.load_state_dict(state)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def first_tensor_ms(loader: Loader, version: Path, device: str) -> float:
+    """Milliseconds from opening a trusted session to its first tensor on ``device``."""
+    started = time.perf_counter()
+    for _name, tensor in loader.session(version, device=device, verify="trust"):
+        if tensor.is_cuda:
+            torch.cuda.current_stream(tensor.device).synchronize()
+        return (time.perf_counter() - started) * 1000
+    return 0.0
 
 
 def load_average() -> str:
@@ -178,7 +264,7 @@ def drop_caches() -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-mb", type=float, default=768.0)
+    parser.add_argument("--size-mb", type=float, help="model size (default 768 MiB; 16 GiB on CUDA, so setup is noise)")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=3)
@@ -186,6 +272,8 @@ def main() -> None:
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache figures")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
+    if args.size_mb is None:
+        args.size_mb = 16384.0 if cuda else 768.0
     cores = os.cpu_count() or 1
     work = args.dir or Path(tempfile.mkdtemp(prefix="ws-bench-load-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -202,6 +290,10 @@ def main() -> None:
         def load(which: Loader, verify: str) -> Callable[[], None]:
             return lambda: which.load(version, device=args.device, verify=verify)  # type: ignore[arg-type]
 
+        def load_module() -> None:
+            module = build_model(made.config)
+            loader.load_into(module, version, device=args.device, verify="full")
+
         methods: dict[str, Callable[[], None]] = {
             "raw_stream": lambda: raw_stream(files),
             "raw_fresh": lambda: raw_fresh(files),
@@ -209,14 +301,18 @@ def main() -> None:
             "trust": load(loader, "trust"),
             "fast": load(loader, "fast"),
             "full": load(loader, "full"),
+            "state_dict": lambda: state_dict_load(files, made.config, args.device),
+            "full_module": load_module,
         }
-        if not cuda:
+        if cuda:
+            readers = LoadOptions().reader_count(torch.device(args.device))
+            methods |= {"h2d": h2d(args.device, total), "pinned_read_h2d": pinned_read_h2d(files, args.device, readers, BLOCK)}
+        else:
             methods |= {"mapped_trust": load(mapped, "trust"), "mapped_fast": load(mapped, "fast"), "mapped_full": load(mapped, "full")}
 
         sha1 = sha_rate(1)
         sha_n = sha_rate(cores)
         touch = first_touch_rate()
-        h2d = h2d_rate(args.device) if cuda else None
         print("== conditions")
         print(f"host: {platform.node()} {platform.machine()} {cores} cores, {platform.platform()}")
         print(f"load average before: {load_average()}")
@@ -225,12 +321,13 @@ def main() -> None:
         print(f"model: {made.config.num_hidden_layers} layers, hidden {made.config.hidden_size}, {len(files)} safetensors files, "
               f"{total / 1e9:.3f} GB, chunk {64} MiB, block {LoadOptions().block_size >> 20} MiB")
         print(f"sha256: {sha1:.2f} GB/s one thread, {sha_n:.2f} GB/s with {cores} threads; "
-              f"fresh-memory first touch {touch:.2f} GB/s (one thread)" + (f"; pinned H2D {h2d:.2f} GB/s" if h2d else ""))
+              f"fresh-memory first touch {touch:.2f} GB/s (one thread)")
 
         for fn in methods.values():  # warm the page cache, build the fast-mode record, first-call costs
             fn()
         warm: dict[str, list[float]] = {name: [] for name in methods}
         cpu: dict[str, list[float]] = {name: [] for name in methods}
+        first: list[float] = []
         for _ in range(args.repeat):
             for name, fn in methods.items():
                 cpu_before = cpu_seconds()
@@ -238,6 +335,7 @@ def main() -> None:
                 fn()
                 warm[name].append(total / (time.perf_counter() - started) / 1e9)
                 cpu[name].append((cpu_seconds() - cpu_before) / (total / 1e9))
+            first.append(first_tensor_ms(loader, version, args.device))
         best = {name: max(v) for name, v in warm.items()}
         median = {name: statistics.median(v) for name, v in warm.items()}
         print(f"\n== warm page cache: GB/s (best of {args.repeat}, median); CPU-seconds per GB (median, all threads)")
@@ -248,7 +346,7 @@ def main() -> None:
         cold_note = "skipped (--no-cold)" if args.no_cold else None
         if not args.no_cold:
             for name, fn in methods.items():
-                if name.endswith("fast"):
+                if name.endswith("fast") or name == "h2d":
                     continue
                 reason = drop_caches()
                 if reason is not None:
@@ -274,10 +372,18 @@ def main() -> None:
             # Medians against medians: less flattering than bests, and steadier on a shared host.
             "trust_vs_raw_median": median["trust"] / median["raw_stream"],
             "full_vs_limit_median": median["full"] / min(median["raw_stream"], cores * sha1),
+            "full_vs_state_dict": best["full_module"] / best["state_dict"],
+            "full_vs_state_dict_median": median["full_module"] / median["state_dict"],
+            "first_tensor_ms": statistics.median(first),
         }
-        if cuda and h2d:
-            ratios["cuda_vs_h2d"] = best["trust"] / h2d
-            ratios["cuda_full_vs_h2d"] = best["full"] / h2d
+        if cuda:
+            ratios |= {
+                "cuda_vs_h2d": best["trust"] / best["h2d"],
+                "cuda_vs_pinned_read_h2d": best["trust"] / best["pinned_read_h2d"],
+                "cuda_full_vs_h2d": best["full"] / best["h2d"],
+                "cuda_full_vs_pinned_read_h2d": best["full"] / best["pinned_read_h2d"],
+                "cuda_vs_h2d_median": median["trust"] / median["h2d"],
+            }
         else:
             ratios |= {
                 "mapped_trust_vs_raw": best["mapped_trust"] / best["raw_stream"],
@@ -297,8 +403,6 @@ def main() -> None:
                    "warm_gbps": {k: round(v, 3) for k, v in best.items()},
                    "warm_median_gbps": {k: round(v, 3) for k, v in median.items()}, "cold_gbps": {k: round(v, 3) for k, v in cold.items()},
                    "cpu_s_per_gb": {k: round(statistics.median(v), 3) for k, v in cpu.items()}}
-        if h2d:
-            figures["h2d_gbps"] = round(h2d, 3)
         print(json.dumps({**{k: round(v, 3) for k, v in ratios.items()}, **figures}, sort_keys=True))
         loader.close()
         mapped.close()

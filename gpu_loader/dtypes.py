@@ -11,7 +11,7 @@ import torch
 
 from gpu_loader.errors import UnsupportedDtypeError
 
-__all__ = ["CAST_TARGETS", "cast_target", "check_cast_target", "torch_dtype"]
+__all__ = ["CAST_TARGETS", "cast_itemsize", "cast_target", "check_cast_target", "torch_dtype"]
 
 _TORCH: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
@@ -59,3 +59,11 @@ def cast_target(source: torch.dtype, requested: torch.dtype | None) -> torch.dty
     if requested is None or source not in CAST_TARGETS:
         return source
     return requested
+
+
+def cast_itemsize(name: str, requested: torch.dtype | None) -> int | None:
+    """The item size of safetensors dtype ``name`` when a load asking for ``requested`` casts it, else ``None``."""
+    source = _TORCH.get(name)
+    if source is None or cast_target(source, requested) == source:
+        return None
+    return source.itemsize

@@ -1,6 +1,6 @@
 """The public loading API: a version directory in, verified tensors on a device out.
 
-``Loader`` owns what is worth keeping between loads (the pinned staging ring of each GPU) and
+``Loader`` owns what is worth keeping between loads (one pinned staging ring, shared by its GPUs) and
 runs one ``LoadSession`` per load: open the version and check what costs only a header read,
 plan byte ranges, run the pipeline, and hand out each tensor once every chunk it spans is
 verified. ``load_state_dict`` and ``load_into_module`` are the one-call forms.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,12 +33,12 @@ import torch
 from torch import nn
 
 from gpu_loader.checksums import ChecksumStore
-from gpu_loader.dtypes import cast_target, check_cast_target, torch_dtype
+from gpu_loader.dtypes import cast_itemsize, cast_target, check_cast_target, torch_dtype
 from gpu_loader.errors import TensorMismatchError
 from gpu_loader.pipeline import CheckPolicy, Pipeline
-from gpu_loader.plan import LoadPlan, TensorSlot, make_plan
+from gpu_loader.plan import CPU_ALIGN, CUDA_ALIGN, LoadPlan, TensorSlot, make_plan
 from gpu_loader.sharding import ShardSpec
-from gpu_loader.staging import StagingRing
+from gpu_loader.staging import StagingRing, pinned_allocation_size
 from gpu_loader.targets import CpuTarget, CudaTarget, MappedTarget, Target
 from gpu_loader.version import OpenFile, Version, open_version
 from weightship.errors import ValidationError
@@ -54,6 +55,7 @@ __all__ = [
     "VerifyMode",
     "load_into_module",
     "load_state_dict",
+    "resolve_device",
 ]
 
 _log = logging.getLogger(__name__)
@@ -72,8 +74,10 @@ class LoadOptions:
     hash_workers: int | None = None
     #: Bytes per read call and per staging buffer.
     block_size: int = 16 * 1024 * 1024
-    #: Pinned staging buffers per GPU; default ``2 * readers + 2``.
+    #: Staging buffers (pinned on a GPU host, plain scratch on CPU); default ``2 * readers + 2``.
     staging_buffers: int | None = None
+    #: Cap on the pinned memory of a ``Loader``'s one staging ring, shared by every device.
+    pinned_limit: int = 512 * 1024 * 1024
     #: Where ``verify="fast"`` keeps its CRC32 records; default ``checksums.default_checksum_dir()``.
     checksum_dir: Path | None = None
     #: CPU loads only: tensors become copy-on-write views of the page cache instead of owned
@@ -105,6 +109,8 @@ class LoadStats:
     chunks_sha256: int
     chunks_crc32: int
     seconds: float
+    #: Pinned host memory the loader's staging ring holds (0 on CPU).
+    pinned_bytes: int = 0
 
     @property
     def gbps(self) -> float:
@@ -121,15 +127,26 @@ class LoadResult:
     version: Version
 
 
-def _device(device: str | torch.device) -> torch.device:
+def resolve_device(device: str | torch.device, *, device_count: int | None = None) -> torch.device:
+    """The device a load goes to, with its index; a clear error for one this host does not have.
+
+    ``device_count`` defaults to ``torch.cuda.device_count()`` (which creates no CUDA context).
+    """
     dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValidationError(f"device {dev} asked for, but torch sees no CUDA device here; use device='cpu'")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
         raise ValidationError(f"device {dev} is not supported: use 'cpu' or 'cuda:N'")
+    count = torch.cuda.device_count() if device_count is None else device_count
+    if count == 0:
+        raise ValidationError(f"device {dev} asked for, but torch sees no CUDA device here; use device='cpu'")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.index is not None and dev.index >= count:
+        raise ValidationError(
+            f"device {dev} asked for, but this process sees {count} CUDA device(s), cuda:0 to cuda:{count - 1} "
+            "(CUDA_VISIBLE_DEVICES renumbers them); pass an index below the count"
+        )
     return dev
 
 
@@ -151,6 +168,7 @@ class LoadSession:
     _pipeline: Pipeline
     _store: ChecksumStore | None
     _started: float
+    _pinned_bytes: int = 0
     stats: LoadStats | None = None
     _closed: bool = field(default=False)
 
@@ -169,9 +187,11 @@ class LoadSession:
                 slot = self.plan.slots[index]
                 path = self.plan.files[slot.file].entry.path
                 stored = torch_dtype(slot.dtype, slot.name, path)
-                tensor = self._target.tensor(slot, stored, self._pipeline.events(index))
+                tensor = self._target.tensor(index, stored, self._pipeline.events(index))
                 wanted = cast_target(stored, self.dtype)
-                yield slot.name, (tensor.to(wanted) if wanted != stored else tensor)
+                # Cast on arrival already (the usual case), or cast whole here (tensors whose
+                # elements could straddle a block: unaligned in old files).
+                yield slot.name, (tensor.to(wanted) if tensor.dtype != wanted else tensor)
             record = self._pipeline.policy.record
             if self._store is not None and record is not None and record.changed:
                 self._store.write(record)
@@ -195,6 +215,7 @@ class LoadSession:
             chunks_sha256=counters.chunks_sha256,
             chunks_crc32=counters.chunks_crc32,
             seconds=time.perf_counter() - self._started,
+            pinned_bytes=self._pinned_bytes,
         )
         event(
             _log,
@@ -224,11 +245,12 @@ class LoadSession:
 
 
 class Loader:
-    """Loads versions onto devices; keeps each GPU's pinned staging ring between loads."""
+    """Loads versions onto devices; keeps one pinned staging ring, shared by every GPU, between loads."""
 
     def __init__(self, options: LoadOptions | None = None) -> None:
         self.options = options or LoadOptions()
-        self._rings: dict[torch.device, StagingRing] = {}
+        self._ring: StagingRing | None = None
+        self._ring_lock = threading.Lock()
 
     def session(
         self,
@@ -247,7 +269,7 @@ class Loader:
         if verify not in _MODES:
             raise ValidationError(f"verify={verify!r} is not one of {', '.join(_MODES)}")
         check_cast_target(dtype)
-        dev = _device(device)
+        dev = resolve_device(device)
         version = open_version(directory, manifest, digest)
         if verify == "trust":
             version.check_verification()
@@ -257,35 +279,55 @@ class Loader:
             chunk_size=version.manifest.chunk_size,
             chunked=verify != "trust",
             block_size=self.options.block_size,
+            align=CUDA_ALIGN if dev.type == "cuda" else CPU_ALIGN,
+            cast_itemsize=lambda name: cast_itemsize(name, dtype),
         )
+        dtypes: list[tuple[torch.dtype, torch.dtype]] = []
         for slot in plan.slots:
-            torch_dtype(slot.dtype, slot.name, plan.files[slot.file].entry.path)
+            stored = torch_dtype(slot.dtype, slot.name, plan.files[slot.file].entry.path)
+            dtypes.append((stored, cast_target(stored, dtype)))
         files = version.open_files([f.entry for f in plan.files])
         try:
             store = ChecksumStore(self.options.checksum_dir) if verify == "fast" else None
             policy = CheckPolicy(verify, store.read(version.digest) if store is not None else None)
             readers = self.options.reader_count(dev)
+            buffers = self.options.staging_buffers or 2 * readers + 2
             target: Target
+            pinned = 0
             if dev.type == "cuda":
-                target = CudaTarget(plan, dev, self._ring(dev, readers), readers)
+                # Everything CUDA (the ring's pinned memory included) is created under the target
+                # device: a load onto cuda:3 must create no context on cuda:0.
+                with torch.cuda.device(dev):
+                    ring = self._pinned_ring(buffers)
+                    target = CudaTarget(plan, dtypes, dev, ring, readers)
+                pinned = ring.nbytes
             elif self.options.cpu_mapped:
-                target = MappedTarget(plan, files)
+                target = MappedTarget(plan, files, dtypes)
             else:
-                target = CpuTarget(plan)
+                target = CpuTarget(
+                    plan, dtypes, align=CPU_ALIGN, scratch_buffers=buffers, block_size=self.options.block_size
+                )
             pipeline = Pipeline(plan, files, target, policy, readers=readers, hash_workers=self.options.hasher_count())
         except BaseException:
             for opened in files:
                 os.close(opened.fd)
             raise
-        return LoadSession(version, plan, dev, dtype, verify, files, target, pipeline, store, started)
+        return LoadSession(version, plan, dev, dtype, verify, files, target, pipeline, store, started, pinned)
 
-    def _ring(self, device: torch.device, readers: int) -> StagingRing:
-        ring = self._rings.get(device)
-        if ring is None or ring.size < self.options.block_size:
-            count = self.options.staging_buffers or 2 * readers + 2
-            ring = StagingRing(count, self.options.block_size)
-            self._rings[device] = ring
-        return ring
+    def _pinned_ring(self, wanted: int) -> StagingRing:
+        """The loader's one pinned ring (built on first use, under the current device), capped in size."""
+        with self._ring_lock:
+            if self._ring is None:
+                size = self.options.block_size
+                count = min(wanted, self.options.pinned_limit // pinned_allocation_size(size))
+                if count < 1:
+                    raise ValidationError(
+                        f"pinned_limit={self.options.pinned_limit} bytes cannot hold one staging buffer of "
+                        f"block_size={size} bytes; raise pinned_limit or lower block_size"
+                    )
+                self._ring = StagingRing(count, size, pinned=True)
+                event(_log, "load.pinned_ring", logging.INFO, buffers=count, bytes=self._ring.nbytes)
+            return self._ring
 
     def load(
         self,
@@ -360,10 +402,11 @@ class Loader:
         return LoadResult(tensors=tensors, stats=session.stats, version=session.version)
 
     def close(self) -> None:
-        """Free the pinned staging rings."""
-        for ring in self._rings.values():
-            ring.drain()
-        self._rings.clear()
+        """Give the pinned staging ring back to the system (a later load builds a new one)."""
+        with self._ring_lock:
+            ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
 
     def __enter__(self) -> Loader:
         return self

@@ -185,6 +185,7 @@ class Pipeline:
 
     def _read(self, reader: int, pool: ThreadPoolExecutor) -> None:
         try:
+            self.target.start_reader()
             while (item := self._take()) is not None:
                 self._read_item(reader, item, pool)
         except BaseException as exc:

@@ -3,8 +3,16 @@
 Planning works on byte ranges, not tensors. For each weight file the tensors a load needs (a
 rank's rows under tensor parallelism) are sorted by offset and merged into *runs* of adjacent
 bytes. Each file gets one *arena* (a flat byte buffer on the target device) holding its runs
-back to back; a tensor is a view into its file's arena. Runs keep their file offset modulo 64,
-so tensors that are aligned in the file stay aligned in the arena.
+back to back; a tensor is a view into its file's arena. Every tensor starts at a multiple of the
+plan's ``align`` in its arena (256 bytes for a GPU, 64 for the CPU), whatever its offset in the
+file: safetensors pads the header only to 8 bytes, so file offsets say little. A tensor that would
+land unaligned at the end of the previous run starts a new run instead.
+
+When a load casts, each floating tensor whose elements cannot straddle a block (its file offset,
+the chunk size and the block size are multiples of its item size, true of any file written by a
+current safetensors) gets no arena space: its pieces are read into bounded scratch and cast on
+arrival into the tensor's own output in the target dtype, so the stored-dtype bytes never pile up
+beside the cast copies.
 
 The unit of work is an *item*, read by one reader thread:
 
@@ -23,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpu_loader.sharding import ShardSpec, tensor_range
@@ -31,9 +39,12 @@ from weightship.chunks import chunk_count
 from weightship.manifest import FileEntry
 from weightship.safetensors_header import TensorInfo
 
-__all__ = ["ARENA_ALIGN", "Block", "FilePlan", "Item", "LoadPlan", "Piece", "TensorSlot", "make_plan"]
+__all__ = ["CPU_ALIGN", "CUDA_ALIGN", "Block", "FilePlan", "Item", "LoadPlan", "Piece", "TensorSlot", "make_plan"]
 
-ARENA_ALIGN = 64
+#: Byte alignment of every tensor in an owned arena: a cache line on CPU, and on a GPU the
+#: alignment the caching allocator gives each tensor of its own (vectorised kernels rely on it).
+CPU_ALIGN = 64
+CUDA_ALIGN = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +58,22 @@ class TensorSlot:
     start: int
     nbytes: int
     arena_offset: int
+    #: Cast on arrival into a tensor of its own (no arena space; ``arena_offset`` is meaningless).
+    cast: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Bytes ``[start, start + length)`` of a file, landing at ``arena_offset`` (``None``: scratch)."""
+    """Bytes ``[start, start + length)`` of a file, landing at ``arena_offset`` (``None``: scratch).
+
+    ``cast_slot`` names the slot whose bytes these are when they are cast on arrival: they are read
+    into scratch (``arena_offset`` is ``None``) and cast into that slot's output.
+    """
 
     start: int
     length: int
     arena_offset: int | None
+    cast_slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,20 +135,28 @@ class _Run:
     start: int
     end: int
     arena_offset: int = 0
+    cast_slot: int | None = None
 
 
-def _runs(ranges: list[tuple[int, int]]) -> list[_Run]:
-    """Runs of adjacent ``(start, end)`` byte ranges, each placed in the arena."""
+def _runs(ranges: list[tuple[int, int, int | None]], align: int) -> list[_Run]:
+    """Runs of adjacent ``(start, end, cast_slot)`` byte ranges, each tensor aligned in the arena.
+
+    A range joins the run before it when it is adjacent and would land aligned there; cast ranges
+    never join (they land in their own output) and take no arena space.
+    """
     runs: list[_Run] = []
-    for start, end in sorted(r for r in ranges if r[1] > r[0]):
-        if runs and runs[-1].end == start:
-            runs[-1].end = end
-        else:
-            runs.append(_Run(start, end))
     cursor = 0
-    for run in runs:
-        run.arena_offset = cursor + (run.start - cursor) % ARENA_ALIGN
-        cursor = run.arena_offset + run.end - run.start
+    last: _Run | None = None  # the run the next arena range may extend
+    for start, end, cast_slot in sorted(r for r in ranges if r[1] > r[0]):
+        if cast_slot is not None:
+            runs.append(_Run(start, end, 0, cast_slot))
+            continue
+        if last is not None and last.end == start and (last.arena_offset + start - last.start) % align == 0:
+            last.end = end
+        else:
+            last = _Run(start, end, -(-cursor // align) * align)
+            runs.append(last)
+        cursor = last.arena_offset + last.end - last.start
     return runs
 
 
@@ -151,7 +177,10 @@ def _pieces(runs: list[_Run], starts: list[int], start: int, end: int) -> list[P
             pieces.append(Piece(cursor, run.start - cursor, None))
             cursor = run.start
         stop = min(run.end, end)
-        pieces.append(Piece(cursor, stop - cursor, run.arena_offset + cursor - run.start))
+        if run.cast_slot is not None:
+            pieces.append(Piece(cursor, stop - cursor, None, run.cast_slot))
+        else:
+            pieces.append(Piece(cursor, stop - cursor, run.arena_offset + cursor - run.start))
         cursor = stop
         i += 1
     return pieces
@@ -166,10 +195,10 @@ def _blocks(pieces: list[Piece], start: int, end: int, block_size: int) -> tuple
         while queue and queue[0].start < b_end:
             piece = queue.popleft()
             stop = min(piece.start + piece.length, b_end)
-            inside.append(Piece(piece.start, stop - piece.start, piece.arena_offset))
+            inside.append(Piece(piece.start, stop - piece.start, piece.arena_offset, piece.cast_slot))
             if stop < piece.start + piece.length:
                 rest_offset = None if piece.arena_offset is None else piece.arena_offset + stop - piece.start
-                queue.appendleft(Piece(stop, piece.start + piece.length - stop, rest_offset))
+                queue.appendleft(Piece(stop, piece.start + piece.length - stop, rest_offset, piece.cast_slot))
         blocks.append(Block(b_start, b_end, tuple(inside)))
     return tuple(blocks)
 
@@ -181,11 +210,14 @@ def make_plan(
     chunk_size: int,
     chunked: bool,
     block_size: int,
+    align: int = CPU_ALIGN,
+    cast_itemsize: Callable[[str], int | None] | None = None,
 ) -> LoadPlan:
     """Plan a load of the given tensors of each file.
 
     ``chunked`` reads whole manifest chunks so that each can be verified; otherwise only the
-    needed bytes are read.
+    needed bytes are read. ``cast_itemsize`` maps a safetensors dtype to its item size when the
+    load casts tensors of that dtype (``None`` when it keeps them).
     """
     file_plans: list[FilePlan] = []
     all_slots: list[TensorSlot] = []
@@ -194,16 +226,25 @@ def make_plan(
         assert entry.safetensors is not None, entry.path
         data_start = entry.safetensors.data_start
         needed = [tensor_range(info, shard, entry.path) for info in tensors]
-        runs = _runs([(data_start + r.begin, data_start + r.end) for r in needed])
+        base = len(all_slots)
+        ranges_wanted: list[tuple[int, int, int | None]] = []
+        for i, (info, rng) in enumerate(zip(tensors, needed, strict=True)):
+            size = cast_itemsize(info.dtype) if cast_itemsize is not None else None
+            start = data_start + rng.begin
+            # Cast piece by piece only where no element can straddle a block or chunk boundary.
+            cast = size is not None and start % size == block_size % size == chunk_size % size == 0
+            ranges_wanted.append((start, data_start + rng.end, base + i if cast else None))
+        runs = _runs(ranges_wanted, align)
         starts = [r.start for r in runs]
         placed: list[TensorSlot] = []
-        for info, rng in zip(tensors, needed, strict=True):
-            start, nbytes, offset = data_start + rng.begin, rng.end - rng.begin, 0
-            if nbytes:
+        for info, rng, (start, _end, cast_slot) in zip(tensors, needed, ranges_wanted, strict=True):
+            nbytes, offset = rng.end - rng.begin, 0
+            if nbytes and cast_slot is None:
                 run = runs[bisect.bisect_right(starts, start) - 1]
                 offset = run.arena_offset + start - run.start
-            placed.append(TensorSlot(info.name, file_index, info.dtype, rng.shape, start, nbytes, offset))
-        arena_size = runs[-1].arena_offset + runs[-1].end - runs[-1].start if runs else 0
+            cast = cast_slot is not None and nbytes > 0
+            placed.append(TensorSlot(info.name, file_index, info.dtype, rng.shape, start, nbytes, offset, cast))
+        arena_size = max((r.arena_offset + r.end - r.start for r in runs if r.cast_slot is None), default=0)
         file_plans.append(FilePlan(entry, arena_size))
 
         ranges: list[tuple[int, int, int | None]] = []
@@ -216,7 +257,6 @@ def make_plan(
         else:
             for run in runs:
                 ranges.extend((s, min(s + block_size, run.end), None) for s in range(run.start, run.end, block_size))
-        base = len(all_slots)
         item_starts = [r[0] for r in ranges]
         touching: list[list[int]] = [[] for _ in ranges]
         for i, slot in enumerate(placed):

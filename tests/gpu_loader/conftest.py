@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpu_loader.modelgen import GeneratedModel, generate
-from tests.gpu_loader.staged_versions import stage
+from tests.gpu_loader.staged_versions import stage, stage_odd
 
 
 @dataclass(frozen=True)
@@ -64,3 +64,9 @@ def _private_checksum_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     directory = tmp_path / "checksums"
     monkeypatch.setenv("WEIGHTSHIP_CHECKSUM_DIR", str(directory))
     return directory
+
+
+@pytest.fixture(scope="session")
+def odd_version(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A staged version of one hand-written file: see ``staged_versions.odd_tensors``."""
+    return stage_odd(tmp_path_factory.mktemp("odd"))

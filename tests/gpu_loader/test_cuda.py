@@ -1,10 +1,23 @@
-"""The CUDA path: pinned staging ring, per-reader copy streams, events. Skipped without a GPU.
+"""The CUDA path: pinned staging ring, per-reader copy streams, fences. Skipped without a GPU.
 
-Run on a GPU host with ``bench/gpu_check.sh`` (or ``pytest -m cuda tests/gpu_loader``). Imports
-nothing that needs pydantic, so it runs on a bare PyTorch image.
+Run on a GPU host with ``bench/gpu_check.sh`` (or ``pytest -m cuda tests/gpu_loader/test_cuda.py``).
+Imports nothing that needs pydantic or httpx, so it runs on a bare PyTorch image.
+
+The race tests can fail: ``slow_copies`` queues a GPU sleep before every reader's copies on the
+reader's own stream, with a ring of three 64 KiB buffers, so a buffer refilled before its copy
+ran (a missing ring fence), or a tensor used before its copy landed (a missing consumer-stream
+wait), shows up as wrong bytes, compared byte for byte in every verify mode. ``docs/loading.md``
+("Checking on a GPU host") says how to see each of them fail with its fence removed.
 """
 
 from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,67 +26,146 @@ from gpu_loader.errors import ChunkMismatchError
 from gpu_loader.golden import GOLDEN_FILE, check_golden, parse_golden
 from gpu_loader.loader import Loader, LoadOptions
 from gpu_loader.model import LlamaConfig, build_model, column_parallel
+from gpu_loader.modelgen import generate
 from gpu_loader.sharding import ShardSpec
+from gpu_loader.targets import CudaTarget
 from gpu_loader.validation import validate
 from gpu_loader.version import open_version
-from tests.gpu_loader.staged_versions import manifest_of
+from tests.gpu_loader.staged_versions import manifest_of, odd_tensors, poll_until, stage
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-#: Small blocks and few staging buffers, so the ring wraps many times in one load.
-TIGHT = LoadOptions(readers=4, block_size=64 * 1024, staging_buffers=5)
+REPO = Path(__file__).resolve().parents[2]
+MODES = ["full", "fast", "trust"]
+BLOCK = 64 * 1024
+#: Small blocks and three staging buffers, so the ring wraps many times in one load.
+TIGHT = LoadOptions(readers=4, block_size=BLOCK, staging_buffers=3)
+#: GPU clock cycles each reader's stream sleeps before its copies: about 2.5 ms at 2 GHz, against
+#: tens of microseconds to read and hash a 64 KiB block from the page cache.
+SLEEP_CYCLES = 5_000_000
 
 
-def cpu_reference(version) -> dict[str, torch.Tensor]:
+def cpu_reference(version: Path, shard: ShardSpec | None = None) -> dict[str, torch.Tensor]:
     with Loader() as loader:
-        return loader.load(version, verify="full").tensors
+        return loader.load(version, verify="full", shard=shard).tensors
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+    a, b = a.cpu().contiguous(), b.cpu().contiguous()
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-@pytest.mark.parametrize("verify", ["full", "fast", "trust"])
-def test_cuda_load_is_bit_exact_with_cpu(versions, verify) -> None:
+def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)
+    wrong = [name for name, tensor in want.items() if not same_bytes(got[name], tensor)]
+    assert not wrong, f"{len(wrong)} tensor(s) differ from the CPU load, e.g. {wrong[:3]}"
+
+
+@pytest.fixture
+def slow_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reader's copies wait ``SLEEP_CYCLES`` on its own stream before they run."""
+    original = CudaTarget.after_read
+
+    def delayed(self: CudaTarget, reader: int, file: int, block, buf):  # type: ignore[no-untyped-def]
+        with torch.cuda.device(self.device), torch.cuda.stream(self._streams[reader]):
+            torch.cuda._sleep(SLEEP_CYCLES)
+        return original(self, reader, file, block, buf)
+
+    monkeypatch.setattr(CudaTarget, "after_read", delayed)
+
+
+@pytest.mark.parametrize("verify", MODES)
+def test_staging_buffers_are_not_refilled_before_their_copy_ran(versions, slow_copies, verify) -> None:
     ref = cpu_reference(versions.sharded)
     with Loader(TIGHT) as loader:
         result = loader.load(versions.sharded, device="cuda:0", verify=verify)
-    assert set(result.tensors) == set(ref)
-    for name, tensor in result.tensors.items():
-        assert tensor.device == torch.device("cuda", 0)
-        assert same_bytes(tensor, ref[name]), name
+    assert all(t.device == torch.device("cuda", 0) for t in result.tensors.values())
+    assert_same(result.tensors, ref)
     assert result.stats.device == "cuda:0"
 
 
-def test_cuda_tensors_are_usable_on_the_current_stream_as_they_arrive(versions) -> None:
+@pytest.mark.parametrize("verify", MODES)
+def test_tensors_used_on_a_non_default_stream_as_they_arrive_hold_their_bytes(versions, slow_copies, verify) -> None:
     ref = cpu_reference(versions.sharded)
-    sums = {}
+    consumer = torch.cuda.Stream(device="cuda:0")
+    got: dict[str, torch.Tensor] = {}
+    with Loader(TIGHT) as loader, torch.cuda.stream(consumer):
+        for name, tensor in loader.session(versions.sharded, device="cuda:0", verify=verify):
+            got[name] = tensor.clone()  # queued on the consumer stream at once, before any sync
+    consumer.synchronize()
+    assert_same(got, ref)
+
+
+@pytest.mark.parametrize("verify", MODES)
+def test_tensor_parallel_rank_gets_exactly_its_rows(versions, slow_copies, verify) -> None:
+    shard = ShardSpec(1, 2, column_parallel)
+    ref = cpu_reference(versions.sharded, shard)
     with Loader(TIGHT) as loader:
-        for name, tensor in loader.session(versions.sharded, device="cuda:0", verify="full"):
-            sums[name] = tensor.float().sum().item()  # queued on the current stream, right away
-    for name, value in sums.items():
-        assert value == pytest.approx(ref[name].float().sum().item(), rel=1e-5, abs=1e-3), name
+        part = loader.load(versions.sharded, device="cuda:0", verify=verify, shard=shard)
+    assert_same(part.tensors, ref)
+    whole = cpu_reference(versions.sharded)
+    name = next(n for n in whole if column_parallel(n))
+    assert same_bytes(part.tensors[name], whole[name].chunk(2)[1].contiguous())
 
 
-def test_cuda_cast_happens_on_the_device(versions) -> None:
-    ref = cpu_reference(versions.single)
+@pytest.mark.parametrize("verify", MODES)
+def test_cast_on_arrival_is_exact_and_peaks_near_the_output(tmp_path, slow_copies, verify) -> None:
+    generate(tmp_path / "model", size_mb=16, seed=5, shards=2, dtype="float32")
+    version = stage(tmp_path / "model", tmp_path / "data")
+    ref = {n: t.to(torch.bfloat16) for n, t in cpu_reference(version).items()}
     with Loader(TIGHT) as loader:
-        result = loader.load(versions.single, device="cuda:0", dtype=torch.float16, verify="trust")
-    for name, tensor in result.tensors.items():
-        assert tensor.dtype == torch.float16
-        assert torch.equal(tensor.cpu(), ref[name].to(torch.float16)), name
+        loader.load(version, device="cuda:0", verify=verify, names=["model.norm.weight"])  # warm up
+        torch.cuda.synchronize()
+        baseline = torch.cuda.memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
+        result = loader.load(version, device="cuda:0", verify=verify, dtype=torch.bfloat16)
+        peak = torch.cuda.max_memory_allocated(0) - baseline
+    assert_same(result.tensors, ref)
+    output = sum(t.numel() * t.element_size() for t in result.tensors.values())
+    landing = TIGHT.readers * BLOCK  # one block per reader where cast pieces land before their cast
+    assert peak <= 1.2 * output + landing, (peak, output)
 
 
-def test_cuda_tensor_parallel_rank(versions) -> None:
-    ref = cpu_reference(versions.sharded)
+def test_odd_file_aligned_fp8_kept_zero_size_tensors_loaded(odd_version) -> None:
     with Loader(TIGHT) as loader:
-        part = loader.load(versions.sharded, device="cuda:0", verify="trust", shard=ShardSpec(1, 2, column_parallel))
-    for name, tensor in part.tensors.items():
-        want = ref[name].chunk(2)[1] if column_parallel(name) else ref[name]
-        assert same_bytes(tensor, want.contiguous()), name
+        tensors = loader.load(odd_version, device="cuda:0", verify="full", dtype=torch.float16).tensors
+    for name, (_, want) in odd_tensors().items():
+        got = tensors[name]
+        if want.dtype in (torch.float64, torch.float32, torch.bfloat16):
+            want = want.to(torch.float16)
+        assert same_bytes(got, want), name
+        if got.numel():
+            assert got.data_ptr() % 256 == 0, (name, got.data_ptr() % 256)
+    assert tensors["model.fp8.weight"].dtype == torch.float8_e4m3fn
+    assert tensors["model.empty.weight"].shape == (0, 16)
 
 
-def test_cuda_bad_chunk_is_refused_and_the_ring_survives(versions, fresh_copy) -> None:
+def test_a_copy_that_raises_still_fences_its_staging_buffer(versions, monkeypatch) -> None:
+    fences: list[object] = []
+    original = CudaTarget.after_read
+
+    def failing(self: CudaTarget, reader: int, file: int, block, buf):  # type: ignore[no-untyped-def]
+        if block.start >= self.plan.files[file].entry.size // 2 and not fences:
+            # A destination too short for the last piece: the copies before it are already queued.
+            self.arenas[file] = self.arenas[file][: block.pieces[-1].arena_offset or 0]
+        try:
+            return original(self, reader, file, block, buf)
+        except RuntimeError:
+            fences.append(buf.staging.event)  # read before the pipeline hands the buffer back
+            raise
+
+    monkeypatch.setattr(CudaTarget, "after_read", failing)
+    with Loader(TIGHT) as loader:
+        with pytest.raises(RuntimeError):
+            loader.load(versions.single, device="cuda:0", verify="trust")
+        assert fences, "no copy failed"
+        assert fences[0] is not None, "the failed copy's buffer went back to the ring without a fence"
+        ring = loader._ring
+        assert ring is not None
+        assert ring.free_count() == ring.count
+
+
+def test_bad_chunk_is_refused_and_the_ring_survives(versions, fresh_copy) -> None:
     version = fresh_copy(versions.sharded)
     entry = manifest_of(version).file("model-00002-of-00003.safetensors")
     with open(version / entry.path, "r+b") as handle:
@@ -84,12 +176,81 @@ def test_cuda_bad_chunk_is_refused_and_the_ring_survives(versions, fresh_copy) -
     with Loader(TIGHT) as loader:
         with pytest.raises(ChunkMismatchError):
             loader.load(version, device="cuda:0", verify="full")
-        # Every staging buffer came back: the same loader loads a good version afterwards.
+        ring = loader._ring
+        assert ring is not None
+        assert ring.free_count() == ring.count
         good = loader.load(versions.sharded, device="cuda:0", verify="full")
-    assert len(good.tensors) == len(cpu_reference(versions.sharded))
+    assert_same(good.tensors, cpu_reference(versions.sharded))
 
 
-def test_cuda_model_passes_validation_in_bfloat16(versions) -> None:
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("how", ["break", "raise"])
+def test_stopping_early_leaves_no_threads_a_full_ring_and_memory_at_baseline(versions, slow_copies, how) -> None:
+    threads = threading.active_count()
+    with Loader(TIGHT) as loader:
+        loader.load(versions.sharded, device="cuda:0", verify="trust", names=["model.norm.weight"])  # builds the ring
+        torch.cuda.synchronize()
+        gc.collect()
+        baseline = torch.cuda.memory_allocated(0)
+        session = loader.session(versions.sharded, device="cuda:0", verify="full")
+        try:
+            for _name, _tensor in session:
+                if how == "raise":
+                    raise Boom
+                break
+        except Boom:
+            pass
+        del session, _tensor
+        gc.collect()
+        poll_until(lambda: threading.active_count() == threads, 10, "the load's threads to end")
+        ring = loader._ring
+        assert ring is not None
+        assert ring.free_count() == ring.count
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated(0) == baseline
+
+
+def test_pinned_ring_is_exact_capped_shared_and_given_back(versions) -> None:
+    stats = torch.cuda.host_memory_stats
+    before = stats().get("allocated_bytes.current", 0)
+    options = LoadOptions(readers=4, block_size=BLOCK, staging_buffers=10, pinned_limit=3 * BLOCK)
+    devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() > 1 else ["cuda:0"]
+    ref = cpu_reference(versions.single)
+    with Loader(options) as loader:
+        for device in devices:
+            result = loader.load(versions.single, device=device, verify="full")
+            assert_same(result.tensors, ref)
+            assert result.stats.pinned_bytes == 3 * BLOCK  # capped, exact, one ring for every device
+        del result
+        assert stats().get("allocated_bytes.current", 0) - before == 3 * BLOCK
+    assert stats().get("allocated_bytes.current", 0) == before
+
+
+CONTEXT_SCRIPT = r"""
+import sys
+import torch
+from gpu_loader.loader import Loader, LoadOptions
+with Loader(LoadOptions(readers=4, block_size=64 * 1024, staging_buffers=3)) as loader:
+    loader.load(sys.argv[1], device="cuda:1", verify="full")
+print("context-on-gpu0", torch._C._cuda_hasPrimaryContext(0), torch._C._cuda_hasPrimaryContext(1))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_load_onto_cuda1_creates_no_context_on_gpu0(versions) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", CONTEXT_SCRIPT, str(versions.single)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=REPO, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "context-on-gpu0 False True" in out.stdout, out.stdout
+
+
+def test_model_passes_validation_in_bfloat16(versions) -> None:
     version = open_version(versions.sharded)
     config = LlamaConfig.from_json(version.read_file("config.json"))
     model = build_model(config)

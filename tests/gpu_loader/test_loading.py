@@ -186,3 +186,16 @@ def test_non_strict_module_load_ignores_extra_tensors(versions) -> None:
         result = loader.load_into(smaller, versions.sharded, strict=False, verify="trust")
     assert set(result.tensors) == set(smaller.state_dict())
     assert all(p.device.type == "cpu" for p in smaller.parameters())
+
+
+def test_a_consumer_error_stops_the_session_threads(versions) -> None:
+    import threading
+
+    def consume(session) -> None:
+        for name, _tensor in session:
+            raise KeyError(name)
+
+    before = threading.active_count()
+    with Loader(LoadOptions(block_size=64 * 1024, readers=3)) as loader, pytest.raises(KeyError):
+        consume(loader.session(versions.sharded, verify="full"))
+    assert threading.active_count() == before

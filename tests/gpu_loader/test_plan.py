@@ -7,15 +7,20 @@ import itertools
 import pytest
 
 from gpu_loader.model import column_parallel
-from gpu_loader.plan import ARENA_ALIGN, LoadPlan, make_plan
+from gpu_loader.plan import CPU_ALIGN, CUDA_ALIGN, LoadPlan, make_plan
 from gpu_loader.sharding import ShardSpec, tensor_range
 from tests.gpu_loader.staged_versions import manifest_of
 
 
-def plan_for(version, *, chunked: bool, block_size: int, shard: ShardSpec | None) -> LoadPlan:
+def plan_for(
+    version, *, chunked: bool, block_size: int, shard: ShardSpec | None, align: int = CPU_ALIGN, cast_itemsize=None
+) -> LoadPlan:
     manifest = manifest_of(version)
     files = [(f, list(f.safetensors.tensors)) for f in manifest.files if f.safetensors is not None]
-    return make_plan(files, shard=shard, chunk_size=manifest.chunk_size, chunked=chunked, block_size=block_size)
+    return make_plan(
+        files, shard=shard, chunk_size=manifest.chunk_size, chunked=chunked, block_size=block_size, align=align,
+        cast_itemsize=cast_itemsize,
+    )
 
 
 CASES = [
@@ -54,7 +59,7 @@ def test_every_needed_byte_lands_once_in_its_slot(versions, chunked, block, shar
     for index, slot in enumerate(plan.slots):
         if not slot.nbytes:
             continue
-        assert slot.arena_offset % ARENA_ALIGN == slot.start % ARENA_ALIGN
+        assert slot.arena_offset % CPU_ALIGN == 0  # whatever the file offset
         covered = sorted((max(a, slot.arena_offset), min(b, slot.arena_offset + slot.nbytes))
                          for a, b in landed[slot.file] if a < slot.arena_offset + slot.nbytes and b > slot.arena_offset)
         assert covered[0][0] == slot.arena_offset
@@ -81,3 +86,30 @@ def test_chunked_plan_reads_whole_chunks(versions) -> None:
         entry = plan.files[item.file].entry
         assert item.chunk is not None
         assert (item.start, item.end) == entry.chunk_range(item.chunk, manifest.chunk_size)
+
+
+@pytest.mark.parametrize("align", [CPU_ALIGN, CUDA_ALIGN])
+@pytest.mark.parametrize(("chunked", "block", "shard"), CASES)
+def test_cast_tensors_take_no_arena_space_and_land_once_in_their_own_output(versions, chunked, block, shard, align) -> None:
+    plan = plan_for(versions.sharded, chunked=chunked, block_size=block, shard=shard, align=align, cast_itemsize=lambda d: 2)
+    assert all(slot.cast for slot in plan.slots if slot.nbytes)
+    assert all(f.arena_size == 0 for f in plan.files)
+    landed: dict[int, list[tuple[int, int]]] = {}
+    for item in plan.items:
+        for b in item.blocks:
+            for p in b.pieces:
+                assert p.arena_offset is None
+                if p.cast_slot is not None:
+                    assert p.cast_slot in item.slots
+                    landed.setdefault(p.cast_slot, []).append((p.start, p.start + p.length))
+    for index, slot in enumerate(plan.slots):
+        if slot.nbytes:
+            spans = sorted(landed[index])
+            assert spans[0][0] == slot.start
+            assert spans[-1][1] == slot.start + slot.nbytes
+            assert all(x[1] == y[0] for x, y in itertools.pairwise(spans))
+
+
+def test_tensors_whose_elements_could_straddle_a_block_are_not_cast_on_arrival(versions) -> None:
+    plan = plan_for(versions.sharded, chunked=True, block_size=16 * 1024 + 2, shard=None, cast_itemsize=lambda d: 4)
+    assert not any(slot.cast for slot in plan.slots)
