@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PG_DIR ?= /tmp/weightship-test-pg-$(shell id -u)
 PG_PORT ?= 54329
+PROM_DIR ?= /tmp/weightship-test-prom-$(shell id -u)
+PROM_PORT ?= 54330
 
 .PHONY: demo test lint unit venv clean
 
@@ -23,11 +25,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Starts PostgreSQL for the run and always stops it again.
+# Starts PostgreSQL and Prometheus (installing Prometheus when missing) for the run and always stops them again.
 unit: $(STAMP)
-	@set -e; url=$$(scripts/postgres.sh start $(PG_DIR) $(PG_PORT)); \
-	trap 'scripts/postgres.sh stop $(PG_DIR)' EXIT; \
-	WEIGHTSHIP_TEST_PG_URL=$$url $(BIN)/pytest $(PYTEST_ARGS)
+	@set -e; trap 'scripts/postgres.sh stop $(PG_DIR); scripts/prometheus.sh stop $(PROM_DIR)' EXIT; \
+	url=$$(scripts/postgres.sh start $(PG_DIR) $(PG_PORT)); \
+	prom=$$(scripts/prometheus.sh start $(PROM_DIR) $(PROM_PORT)); \
+	WEIGHTSHIP_TEST_PG_URL=$$url WEIGHTSHIP_TEST_PROMETHEUS_URL=$$prom WEIGHTSHIP_TEST_PROMETHEUS_TARGETS=$(PROM_DIR)/targets \
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint unit
 
