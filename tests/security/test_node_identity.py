@@ -228,10 +228,11 @@ async def test_the_agent_enrols_stores_its_node_token_and_reuses_it_after_a_rest
     node = await eventually(lambda: api.node("gpu-1").last_seen and api.node("gpu-1"), 30, "gpu-1 to register")
     (bound,) = await eventually(lambda: api.node_tokens(node.id), 30, "gpu-1's node token")
 
+    # The agent logs the enrolment after storing the node id: the token row can exist a moment earlier.
+    await eventually(lambda: "identity.enrolled" in agent.log(), 30, "gpu-1 to log its enrolment")
     stored = agent.data_dir / "state" / "node-token.json"
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600
     assert enrolment["token"] not in stored.read_text()
-    assert "identity.enrolled" in agent.log()
 
     # With the enrolment token revoked, only the stored node token can bring the node back.
     assert api.http.delete(f"/v1/tokens/{enrolment['id']}", headers=ADMIN).status_code == 204
