@@ -2,20 +2,24 @@
 
 Tokens look like ``ws_<40 url-safe chars>``; only their SHA-256 is stored. Roles: ``publisher``
 publishes versions, ``operator`` moves pointers, ``agent`` is a node daemon, ``admin`` may do
-everything. Every ``/v1`` route declares the roles it admits with ``require(...)``.
+everything. Every ``/v1`` route declares the roles it admits with ``require(...)``. Successful
+lookups are cached for a few seconds and dropped at once on revocation (``controlplane.authcache``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
+from controlplane.authcache import token_cache_of
 from controlplane.db import TokenRow
 from weightship.errors import AuthError, ForbiddenError
 from weightship.schemas import Role
@@ -57,14 +61,23 @@ def authenticate(session: Session, header: str | None) -> Principal:
     return Principal(name=row.name, role=Role(row.role), token_id=row.id)
 
 
-def require(*roles: Role) -> Callable[[Request], Principal]:
+def _authenticate(state: Any, header: str | None) -> Principal:
+    with state.sessions() as session:
+        return authenticate(session, header)
+
+
+def require(*roles: Role) -> Callable[[Request], Awaitable[Principal]]:
     """FastAPI dependency admitting ``roles`` (and always ``admin``)."""
     allowed = frozenset(roles) | {Role.admin}
 
-    def dependency(request: Request) -> Principal:
+    async def dependency(request: Request) -> Principal:
         state = request.app.state.ws
-        with state.sessions() as session:
-            principal = authenticate(session, request.headers.get("authorization"))
+        header = request.headers.get("authorization")
+        cache = token_cache_of(state)
+        principal: Principal | None = cache.get(header) if header else None
+        if principal is None:
+            principal = await run_in_threadpool(_authenticate, state, header)
+            cache.put(header or "", principal, principal.token_id)
         if principal.role not in allowed:
             names = ", ".join(sorted(r.value for r in allowed))
             raise ForbiddenError(

@@ -4,7 +4,7 @@
 labels and deployments replaced), so a restarted agent keeps its identity.
 
 **Heartbeats** store the agent's whole report (inventory, what it serves, counters, health) and
-``last_seen``. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
+``last_seen``, in one statement; a report equal to the last one written only moves ``last_seen``. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
 
 **Desired state.** For each deployment a node serves (that exists), the node should serve the
 pointer's ``stable`` digest, or its ``canary`` digest when the node is in the canary subset. The
@@ -23,18 +23,20 @@ and canary, the versions it must hold on disk (so a rollback downloads nothing).
 
 **Revision.** ``revision`` is a hash of the desired content, so it changes exactly when something
 the node must act on changes. ``GET /v1/nodes/{id}/desired?after=REV&wait=S`` answers at once when
-the revision differs from ``after``; otherwise it waits on the app's ``pointer_changed``
-condition (notified by every pointer change in this process) and re-reads the database at
-least every ``RECHECK_SECONDS``, so changes committed by another replica are seen within about a
-second too. When ``wait`` runs out it answers with the unchanged state.
+the revision differs from ``after``; otherwise it parks on the process's shared snapshot of the
+node's deployments (``controlplane.snapshot``), which every pointer change, made through any
+replica, refreshes with one read per process (``controlplane.notify``); it wakes only the polls
+on the deployments that moved, and answers those whose revision moved. A parked poll issues no
+query. Changes that arrive without a notification are seen within ``RECHECK_SECONDS``. When
+``wait`` runs out it answers with the unchanged state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,14 +44,15 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
-from sqlalchemy import exc, select
+from sqlalchemy import exc, select, update
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, require
 from controlplane.db import DeploymentRow, NodeRow, VersionRow, utcnow
-from controlplane.deployments import GENERATION_KEY, to_schema
+from controlplane.deployments import to_schema
 from controlplane.metrics import metrics_of
+from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, snapshots_of
 from weightship.digests import sha256_hex
 from weightship.errors import NotFoundError, ValidationError
 from weightship.schemas import (
@@ -82,10 +85,10 @@ nodes_router = APIRouter(prefix="/v1/nodes", tags=["fleet"])
 status_router = APIRouter(prefix="/v1/deployments", tags=["fleet"])
 router = APIRouter()
 
-#: longest a waiting long-poll goes without re-reading the database (changes by other replicas)
-RECHECK_SECONDS = 1.0
-
 _NODE_ROLES = ("node", "cache")
+#: a report equal to the one this process last wrote for a node is still rewritten this often
+REPORT_REWRITE_SECONDS = 60.0
+_REPORTS_KEY = "reports_written"
 
 
 # --- desired state (pure) ------------------------------------------------------------------------
@@ -130,18 +133,6 @@ def _node(session: Session, node_id: str) -> NodeRow:
     if row is None:
         raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
     return row
-
-
-def _deployments(session: Session, names: list[str]) -> list[DeploymentRow]:
-    if not names:
-        return []
-    return list(session.scalars(select(DeploymentRow).where(DeploymentRow.name.in_(names))))
-
-
-def _read_desired(state: Any, node_id: str) -> DesiredState:
-    with state.sessions() as session:
-        node = _node(session, node_id)
-        return desired_state(node.id, node.name, _deployments(session, list(node.deployments)))
 
 
 def _report(row: NodeRow) -> NodeHeartbeat:
@@ -211,11 +202,26 @@ def _register(state: Any, body: NodeRegistration) -> NodeInfo:
 
 
 def _heartbeat(state: Any, node_id: str, body: NodeHeartbeat) -> None:
+    # One UPDATE, no read. Most heartbeats repeat the last report; this process remembers the hash
+    # of the report it last wrote per node and then only touches ``last_seen``. The report is
+    # still rewritten every REPORT_REWRITE_SECONDS, bounding how long a report written meanwhile
+    # through another replica could hide an equal one sent here.
+    digest = sha256_hex(body.model_dump_json().encode())
+    written: dict[str, tuple[str, float]] = state.extras.setdefault(_REPORTS_KEY, {})
+    last = written.get(node_id)
+    now = time.monotonic()
+    values: dict[str, Any] = {"last_seen": utcnow()}
+    if last is None or last[0] != digest or now - last[1] > REPORT_REWRITE_SECONDS:
+        values["report"] = body.model_dump(mode="json")
     with state.sessions() as session:
-        row = _node(session, node_id)
-        row.report = body.model_dump(mode="json")
-        row.last_seen = utcnow()
+        result = session.execute(update(NodeRow).where(NodeRow.id == node_id).values(**values))
         session.commit()
+    if getattr(result, "rowcount", 0) == 0:
+        raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+    if "report" in values:
+        if len(written) >= MAX_NODES:
+            written.clear()
+        written[node_id] = (digest, now)
 
 
 def _list_nodes(state: Any, deployment: str | None) -> list[NodeInfo]:
@@ -263,22 +269,28 @@ async def desired(
     state = request.app.state.ws
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait, state.settings.long_poll_max_seconds)
+    snapshots = snapshots_of(state)
+    # A plain read (no ``after``: an agent that just started or re-registered, or a person) reads
+    # the database, so it shows what is committed; long-polls use the snapshot and cost no query.
+    fresh = after is None
+    name, names = await snapshots.node(node_id, fresh=fresh)
+    await snapshots.ensure(names, fresh=fresh)
     gauge = metrics_of(state).long_polls_waiting
-    condition: asyncio.Condition = state.pointer_changed
-    gauge.inc()
-    try:
-        while True:
-            generation = state.extras.get(GENERATION_KEY, 0)
-            current = await run_in_threadpool(_read_desired, state, node_id)
+    while True:
+        # Watch before computing: nothing can change between the two (no await), so no wake is lost.
+        changed = snapshots.watch(names)
+        try:
+            current = desired_state(node_id, name, snapshots.rows(names))
             remaining = deadline - loop.time()
-            if after is None or current.revision != after or remaining <= 0 or await request.is_disconnected():
+            if after is None or current.revision != after or remaining <= 0:
                 return current
-            async with condition:
-                if state.extras.get(GENERATION_KEY, 0) == generation:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(condition.wait(), timeout=min(RECHECK_SECONDS, remaining))
-    finally:
-        gauge.dec()
+            gauge.inc()
+            try:
+                await asyncio.wait((changed,), timeout=remaining)
+            finally:
+                gauge.dec()
+        finally:
+            snapshots.unwatch(names, changed)
 
 
 @nodes_router.get("", response_model=list[NodeInfo])
