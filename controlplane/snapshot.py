@@ -160,10 +160,10 @@ class Snapshots:
             if name in self._rows:
                 self._store(name, rows.get(name))
 
-    async def recheck_forever(self, interval: float = RECHECK_SECONDS) -> None:
-        """Every ``interval`` while polls are parked, re-read what they watch (lost notifications)."""
+    async def recheck_forever(self, interval: float | None = None) -> None:
+        """Every ``interval`` (default ``RECHECK_SECONDS``) while polls are parked, re-read what they watch."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(interval or RECHECK_SECONDS)
             if self._waiters:
                 self.request_refresh()
 

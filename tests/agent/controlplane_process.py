@@ -36,13 +36,15 @@ def _free_port() -> int:
 class ControlPlaneProcess:
     """One control-plane process with its own database and origin."""
 
-    def __init__(self, workdir: Path, public_url: str | None = None) -> None:
+    def __init__(self, workdir: Path, public_url: str | None = None, database_url: str | None = None) -> None:
         self.workdir = workdir
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         #: where the blob URLs it signs point (a proxy in front of it, or itself)
         self.public_url = public_url or self.url
         self.database = workdir / "cp.db"
+        #: SQLite under ``workdir`` unless another database (PostgreSQL, shared by replicas) is named
+        self.database_url = database_url or f"sqlite:///{self.database}"
         self.log_path = workdir / "controlplane.log"
         self.proc: subprocess.Popen[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
@@ -51,7 +53,7 @@ class ControlPlaneProcess:
         """Launch it (it migrates the database at start-up); ``ready()`` waits until it answers."""
         env = {
             **os.environ,
-            "WEIGHTSHIP_DATABASE_URL": f"sqlite:///{self.database}",
+            "WEIGHTSHIP_DATABASE_URL": self.database_url,
             "WEIGHTSHIP_STORE": f"local:{self.workdir / 'origin'}",
             "WEIGHTSHIP_ADMIN_TOKEN": ADMIN_TOKEN,
             "WEIGHTSHIP_PUBLIC_URL": self.public_url,
