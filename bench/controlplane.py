@@ -386,7 +386,7 @@ async def set_stable(admin: Conn, label: str) -> Any:
     )
 
 
-async def notify_all(fleet: Fleet, admin: Conn, label: str, within: float = 120.0) -> float:
+async def notify_all(fleet: Fleet, admin: Conn, label: str, within: float = 60.0) -> float:
     """Move ``chat`` to ``label``; seconds until every node's answer named the new epoch."""
     written = time.monotonic()
     new = await set_stable(admin, label)

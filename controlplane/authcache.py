@@ -7,9 +7,11 @@ secret itself is never kept), for ``TTL_SECONDS``.
 
 Revocation must not wait for the TTL. The revoking process drops the token from its own cache
 before it answers, and announces ``token:<id>`` on the change feed (``controlplane.notify``),
-which drops it in every other process within milliseconds. The TTL is the backstop for an
-announcement lost while a process's listening connection was down (a reconnect also clears
-everything). Failed lookups are not cached: a token minted a moment ago works at once.
+which drops it in every other process within milliseconds. A reconnect of the feed clears the
+cache (announcements may have been missed), and every ``RECHECK_SECONDS`` one query asks which
+cached tokens are revoked, the backstop for an announcement that was never sent. So the TTL can
+be long: with a token per node, a short one would make every node's requests miss the cache
+every TTL. Failed lookups are not cached: a token minted a moment ago works at once.
 """
 
 from __future__ import annotations
@@ -21,12 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.db import TokenRow
 from controlplane.notify import RESYNC, changes_of, token_topic
 
 __all__ = ["MAX_ENTRIES", "TTL_SECONDS", "TokenCache", "announce_revoked", "token_cache_of"]
 
 #: how long an authenticated token is trusted without asking the database again
-TTL_SECONDS = 30.0
+TTL_SECONDS = 300.0
+#: tokens asked about per query when rechecking which cached ones are revoked
+_RECHECK_BATCH = 900
 #: beyond this many cached tokens the cache starts afresh (tokens are few; hostile input is not)
 MAX_ENTRIES = 50_000
 _KEY = "token_cache"
@@ -79,6 +87,16 @@ class TokenCache(Generic[P]):
         """Forget everything."""
         with self._lock:
             self._entries.clear()
+
+    def recheck(self, sessions: sessionmaker[Session]) -> None:
+        """Forget every cached token that the database says is revoked (blocking: a worker thread)."""
+        ids = sorted({entry.token_id for entry in list(self._entries.values())})
+        for start in range(0, len(ids), _RECHECK_BATCH):
+            batch = ids[start : start + _RECHECK_BATCH]
+            with sessions() as session:
+                revoked = session.scalars(select(TokenRow.id).where(TokenRow.id.in_(batch), TokenRow.revoked.is_(True)))
+                for token_id in revoked.all():
+                    self.revoke(token_id)
 
     def on_change(self, topic: str) -> None:
         """Change-feed listener: a revoked token is forgotten; a resync forgets everything."""

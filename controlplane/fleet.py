@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import Iterable
@@ -89,6 +90,11 @@ _NODE_ROLES = ("node", "cache")
 #: a report equal to the one this process last wrote for a node is still rewritten this often
 REPORT_REWRITE_SECONDS = 60.0
 _REPORTS_KEY = "reports_written"
+_ANSWERS_KEY = "desired_answers"
+#: long-polls of at least this many seconds end up to this share early, at random
+_JITTER_FROM_SECONDS = 5.0
+_JITTER_SHARE = 0.2
+_MAX_ANSWERS = 10_000
 
 
 # --- desired state (pure) ------------------------------------------------------------------------
@@ -262,6 +268,30 @@ async def heartbeat(
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
+def _answer(state: Any, node: str, rows: list[DeploymentRow]) -> tuple[str, bytes]:
+    """The revision and the JSON of the deployments that ``rows`` ask of ``node``.
+
+    Computed once per distinct answer and shared: after a pointer change thousands of woken polls
+    get one of a handful of answers (canary or not, per deployment), so each costs a lookup.
+    """
+    ordered = sorted(rows, key=lambda r: r.name)
+    key = tuple(
+        (r.name, r.model, r.stable, r.previous_stable, r.canary, r.canary_share, r.epoch,
+         r.canary is not None and in_canary(r.name, node, r.canary_share))
+        for r in ordered
+    )  # fmt: skip
+    answers: dict[tuple[Any, ...], tuple[str, bytes]] = state.extras.setdefault(_ANSWERS_KEY, {})
+    found = answers.get(key)
+    if found is None:
+        wanted = desired_state("", node, ordered)
+        content = [d.model_dump(mode="json") for d in wanted.deployments]
+        found = wanted.revision, json.dumps(content, separators=(",", ":")).encode()
+        if len(answers) >= _MAX_ANSWERS:
+            answers.clear()
+        answers[key] = found
+    return found
+
+
 @nodes_router.get("/{node_id}/desired", response_model=DesiredState)
 async def desired(
     node_id: str,
@@ -269,11 +299,16 @@ async def desired(
     after: Annotated[str | None, Query(max_length=128)] = None,
     wait: Annotated[float, Query(ge=0, le=3600)] = 0.0,
     _principal: Principal = Depends(require(Role.agent)),
-) -> DesiredState:
+) -> Response:
     """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
     state = request.app.state.ws
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(wait, state.settings.long_poll_max_seconds)
+    waited = min(wait, state.settings.long_poll_max_seconds)
+    if waited >= _JITTER_FROM_SECONDS:
+        # Polls answered together (by a pointer change) would otherwise all time out and come
+        # back together too, every time: shortening each wait a little spreads them out.
+        waited *= random.uniform(1 - _JITTER_SHARE, 1)  # spreading load, not secrecy
+    deadline = loop.time() + waited
     snapshots = snapshots_of(state)
     # A plain read (no ``after``: an agent that just started or re-registered, or a person) reads
     # the database, so it shows what is committed; long-polls use the snapshot and cost no query.
@@ -285,10 +320,15 @@ async def desired(
         # Watch before computing: nothing can change between the two (no await), so no wake is lost.
         changed = snapshots.watch(names)
         try:
-            current = desired_state(node_id, name, snapshots.rows(names))
+            revision, deployments = _answer(state, name, snapshots.rows(names))
             remaining = deadline - loop.time()
-            if after is None or current.revision != after or remaining <= 0:
-                return current
+            if after is None or revision != after or remaining <= 0:
+                body = b'{"node_id":%s,"revision":"%s","deployments":%s}' % (
+                    json.dumps(node_id).encode(),
+                    revision.encode(),
+                    deployments,
+                )
+                return Response(body, media_type="application/json")
             gauge.inc()
             try:
                 await asyncio.wait((changed,), timeout=remaining)

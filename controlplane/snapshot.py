@@ -160,12 +160,10 @@ class Snapshots:
             if name in self._rows:
                 self._store(name, rows.get(name))
 
-    async def recheck_forever(self, interval: float | None = None) -> None:
-        """Every ``interval`` (default ``RECHECK_SECONDS``) while polls are parked, re-read what they watch."""
-        while True:
-            await asyncio.sleep(interval or RECHECK_SECONDS)
-            if self._waiters:
-                self.request_refresh()
+    def recheck(self) -> None:
+        """Re-read what parked polls watch, if any are parked (call every ``RECHECK_SECONDS``)."""
+        if self._waiters:
+            self.request_refresh()
 
     async def _refresh_while_dirty(self) -> None:
         while self._dirty:

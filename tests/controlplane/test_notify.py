@@ -7,12 +7,13 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text, update
 
 from controlplane import snapshot
 from controlplane.app import AppState
 from controlplane.authcache import TokenCache
-from controlplane.db import query_count
-from controlplane.notify import DEPLOYMENTS, RESYNC, token_topic
+from controlplane.db import DeploymentRow, TokenRow, query_count
+from controlplane.notify import CHANNEL, DEPLOYMENTS, RESYNC, token_topic
 from tests.controlplane.test_fleet import (
     BackgroundPoll,
     Headers,
@@ -152,3 +153,44 @@ def test_a_plain_read_right_after_a_pointer_change_shows_it(
     for stable in ("v2", "v3", "v1", "v2"):
         set_pointer(cp_client, operator, stable=stable)
         assert desired(cp_client, agent, node_id)["deployments"][0]["digest"] == chat[stable]
+
+
+def test_a_dropped_listen_connection_reconnects_and_catches_up(
+    quiet_recheck: None,
+    live_controlplane: Any,
+    cp_client: httpx.Client,
+    agent: Headers,
+    chat: dict[str, str],
+    cp_state: AppState,
+) -> None:
+    if cp_state.engine.dialect.name != "postgresql":
+        pytest.skip("the LISTEN connection exists on PostgreSQL only")
+    poll = park(live_controlplane.url, agent, cp_client, register(cp_client, agent, "gpu-1", "chat"))
+    wait_until(lambda: waiting_polls(cp_state) == 1, 10, "the long-poll parking")
+    with cp_state.engine.begin() as conn:
+        killed = conn.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'")
+        ).all()
+    assert killed, "no LISTEN connection found"
+    # Another replica's change, announced while this one may not be listening yet.
+    with cp_state.engine.begin() as conn:
+        conn.execute(update(DeploymentRow).where(DeploymentRow.name == "chat").values(stable=chat["v3"], epoch=2))
+        conn.execute(text("SELECT pg_notify(:channel, 'another-replica|deployments')"), {"channel": CHANNEL})
+    assert poll.join(timeout=10).json()["deployments"][0]["digest"] == chat["v3"]
+
+
+@pytest.fixture
+def fast_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backstop re-read every 0.1 s (list it before ``live_controlplane``)."""
+    monkeypatch.setattr(snapshot, "RECHECK_SECONDS", 0.1)
+
+
+def test_a_token_revoked_without_an_announcement_stops_working_at_the_next_recheck(
+    fast_recheck: None, live_controlplane: Any, cp_client: httpx.Client, admin_headers: Headers, cp_state: AppState
+) -> None:
+    minted = cp_client.post("/v1/tokens", json={"name": "gpu-agents", "role": "agent"}, headers=admin_headers).json()
+    headers = {"Authorization": f"Bearer {minted['token']}"}
+    assert cp_client.get("/v1/nodes", headers=headers).status_code == 200  # cached now
+    with cp_state.engine.begin() as conn:  # as a replica whose announcement was lost would leave it
+        conn.execute(update(TokenRow).where(TokenRow.id == minted["id"]).values(revoked=True))
+    wait_until(lambda: cp_client.get("/v1/nodes", headers=headers).status_code == 401, 10, "the revocation to be seen")
