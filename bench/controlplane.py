@@ -16,7 +16,8 @@ Per database it measures, with every node's long-poll parked:
 - ``heartbeats_per_s`` / ``heartbeat_p99_ms``: the highest heartbeat rate of the ladder
   ``--rates`` (open loop, each step ``--step-seconds``) whose p99 latency, measured from the
   moment each heartbeat was due (queueing included), stays within 50 ms, and that p99;
-- ``queries_per_heartbeat`` and ``server_cpu_ms_per_heartbeat`` at that rate;
+- ``queries_per_heartbeat`` and ``server_cpu_ms_per_heartbeat`` at that rate, less what the
+  server spends idle (``idle_server_cpu_share``: the parked polls coming back every ~30 s);
 - ``notify_all_seconds``: from a pointer write (PUT) until every node has an answer naming the
   new epoch; ``notify_all_seconds_under_heartbeats`` the same while the fleet heartbeats at its
   natural rate (nodes / 5 s).
@@ -422,22 +423,24 @@ async def measure(database_url: str, args: argparse.Namespace, workdir: Path) ->
         log(f"{args.nodes} long-polls parked after {time.monotonic() - began:.1f}s")
         scrape = await scrape_cost(server.port)
 
-        before = await queries(server.port)
+        before, cpu_before = await queries(server.port), server.cpu_seconds()
         await asyncio.sleep(args.idle_seconds)
         idle_qps = max(0.0, await queries(server.port) - before - scrape) / args.idle_seconds
-        log(f"idle: {idle_qps:.2f} queries/s with {args.nodes} long-polls parked")
+        idle_cpu = (server.cpu_seconds() - cpu_before) / args.idle_seconds
+        log(f"idle: {idle_qps:.2f} queries/s, {idle_cpu:.3f} of a core with {args.nodes} long-polls parked")
 
         notify_idle = await notify_all(fleet, admin, "v2")
         log(f"pointer write -> all {args.nodes} answered: {notify_idle:.2f}s (idle)")
 
         steps: list[Step] = []
         for rate in args.rates:
-            q0, c0 = await queries(server.port), server.cpu_seconds()
+            q0, c0, t0 = await queries(server.port), server.cpu_seconds(), time.monotonic()
             latencies, errors = await heartbeats(fleet, rate, args.step_seconds, args.changed_share)
             q1, c1 = await queries(server.port), server.cpu_seconds()
-            step = Step(
-                rate, latencies, errors, (q1 - q0 - scrape) / max(1, len(latencies)), (c1 - c0) / max(1, len(latencies))
-            )
+            count = max(1, len(latencies))
+            # What the server spends on the parked polls (their periodic return) is not the heartbeats'.
+            cpu = max(0.0, c1 - c0 - idle_cpu * (time.monotonic() - t0)) / count
+            step = Step(rate, latencies, errors, (q1 - q0 - scrape - idle_qps * (time.monotonic() - t0)) / count, cpu)
             steps.append(step)
             log(
                 f"heartbeats {rate:.0f}/s: p99 {step.p99_ms:.1f} ms, errors {errors}, {step.queries:.2f} queries and {1000 * step.cpu:.2f} ms server CPU each"
@@ -463,6 +466,7 @@ async def measure(database_url: str, args: argparse.Namespace, workdir: Path) ->
             "queries_per_heartbeat": round(best.queries, 2),
             "server_cpu_ms_per_heartbeat": round(1000 * best.cpu, 3),
             "idle_queries_per_s": round(idle_qps, 3),
+            "idle_server_cpu_share": round(idle_cpu, 3),
             "notify_all_seconds": round(notify_idle, 2),
             "notify_all_seconds_under_heartbeats": round(notify_busy, 2),
             "ladder_p99_ms": {f"{s.rate:.0f}": round(s.p99_ms, 1) for s in steps},
