@@ -365,15 +365,20 @@ async def heartbeats(
     start = time.monotonic()
     total = int(rate * seconds)
     sent = 0
-    while sent < total:
-        due_now = min(total, int((time.monotonic() - start) * rate) + 1)
-        for k in range(sent, due_now):
-            tasks.append(asyncio.create_task(one(start + k / rate, next(nodes))))
-        sent = due_now
-        await asyncio.sleep(0.002)
-    await asyncio.gather(*tasks)
-    while not conns.empty():
-        conns.get_nowait().close()
+    try:
+        while sent < total:
+            due_now = min(total, int((time.monotonic() - start) * rate) + 1)
+            for k in range(sent, due_now):
+                tasks.append(asyncio.create_task(one(start + k / rate, next(nodes))))
+            sent = due_now
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*tasks)
+    finally:  # also when cancelled (background load): no heartbeat outlives its caller
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        while not conns.empty():
+            conns.get_nowait().close()
     return latencies, errors
 
 

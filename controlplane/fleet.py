@@ -46,14 +46,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from sqlalchemy import bindparam, exc, select, update
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, require
 from controlplane.db import DeploymentRow, NodeRow, VersionRow, utcnow
 from controlplane.deployments import to_schema
 from controlplane.metrics import metrics_of
-from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, snapshots_of
+from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, snapshots_of, unknown_node
 from weightship.digests import sha256_hex
 from weightship.errors import NotFoundError, ValidationError
 from weightship.schemas import (
@@ -132,13 +131,6 @@ def desired_state(node_id: str, node: str, deployments: Iterable[DeploymentRow])
 
 
 # --- database reads ------------------------------------------------------------------------------
-
-
-def _node(session: Session, node_id: str) -> NodeRow:
-    row = session.get(NodeRow, node_id)
-    if row is None:
-        raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
-    return row
 
 
 def _report(row: NodeRow) -> NodeHeartbeat:
@@ -228,7 +220,7 @@ def _heartbeat(state: Any, node_id: str, body: NodeHeartbeat) -> None:
     with state.engine.begin() as conn:
         result = conn.execute(_REWRITE if rewrite else _TOUCH, params)
     if result.rowcount == 0:
-        raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+        raise unknown_node(node_id)
     if rewrite:
         if len(written) >= MAX_NODES:
             written.clear()

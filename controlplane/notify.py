@@ -17,7 +17,7 @@ in-process only. Delivery runs listeners on the event loop; they must not block.
 
 A notification lost while the listening connection was down is covered twice: a reconnect
 delivers ``resync``, and the snapshots re-read what parked polls watch every
-``controlplane.fleet.RECHECK_SECONDS`` anyway.
+``controlplane.snapshot.RECHECK_SECONDS`` anyway (and cached tokens likewise).
 """
 
 from __future__ import annotations

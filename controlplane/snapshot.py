@@ -35,7 +35,15 @@ from controlplane.db import DeploymentRow, NodeRow
 from controlplane.notify import DEPLOYMENTS, RESYNC, changes_of
 from weightship.errors import NotFoundError
 
-__all__ = ["MAX_DEPLOYMENTS", "MAX_NODES", "RECHECK_SECONDS", "NodeIdentity", "Snapshots", "snapshots_of"]
+__all__ = [
+    "MAX_DEPLOYMENTS",
+    "MAX_NODES",
+    "RECHECK_SECONDS",
+    "NodeIdentity",
+    "Snapshots",
+    "snapshots_of",
+    "unknown_node",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +70,16 @@ def _read_deployments(sessions: sessionmaker[Session], names: Sequence[str]) -> 
         return {row.name: row for row in rows}
 
 
+def unknown_node(node_id: str) -> NotFoundError:
+    """The error for a node id that is not registered."""
+    return NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+
+
 def _read_node(sessions: sessionmaker[Session], node_id: str) -> NodeIdentity:
     with sessions() as session:
         row = session.get(NodeRow, node_id)
         if row is None:
-            raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+            raise unknown_node(node_id)
         return row.name, tuple(row.deployments)
 
 
