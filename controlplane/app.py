@@ -29,10 +29,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.db import make_engine, make_sessionmaker
+from controlplane.db import QueryCounter, make_engine, make_sessionmaker
 from controlplane.limits import BodyLimit
 from controlplane.registry import database_errors
 from controlplane.settings import Settings
+from controlplane.watcher import watching
 from weightship.errors import TemporaryError, WeightshipError
 from weightship.schemas import ErrorBody, ErrorDetail
 
@@ -50,8 +51,6 @@ class AppState:
     sessions: sessionmaker[Any]
     store: Any
     metrics: CollectorRegistry
-    #: set whenever any serving pointer changes; long-polls wait on it
-    pointer_changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,9 +101,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ws = state
         tokens.bootstrap_admin(state)
         metrics.metrics_of(state)  # so /metrics shows every series from the first scrape
+        state.metrics.register(QueryCounter(engine))
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))
         try:
-            yield
+            async with watching(state):
+                yield
         finally:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -14,19 +14,24 @@ everything. Every ``/v1`` route declares the roles it admits with ``require(...)
 
 So a leaked node token speaks for one machine, and no agent token can re-register, silence or
 impersonate another node.
+
+Successful lookups are cached and dropped at once on revocation (``controlplane.authcache``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
+from controlplane.authcache import token_cache_of
 from controlplane.db import NodeRow, TokenRow
 from weightship.errors import AuthError, ForbiddenError
 from weightship.schemas import Role
@@ -90,9 +95,16 @@ def authenticate(session: Session, header: str | None) -> Principal:
     return Principal(name=row.name, role=Role(row.role), token_id=row.id, node_id=row.node_id, node_name=node_name)
 
 
-def _principal(request: Request) -> Principal:
-    with request.app.state.ws.sessions() as session:
-        return authenticate(session, request.headers.get("authorization"))
+async def _principal(request: Request) -> Principal:
+    """The caller, from the token cache or (on a miss) the database, off the event loop."""
+    state = request.app.state.ws
+    header = request.headers.get("authorization")
+    cache = token_cache_of(state)
+    principal: Principal | None = cache.get(header) if header else None
+    if principal is None:
+        principal = await run_in_threadpool(_authenticate, state, header)
+        cache.put(header or "", principal, principal.token_id)
+    return principal
 
 
 def _refuse_role(principal: Principal, allowed: frozenset[Role]) -> ForbiddenError:
@@ -102,12 +114,17 @@ def _refuse_role(principal: Principal, allowed: frozenset[Role]) -> ForbiddenErr
     )
 
 
-def require(*roles: Role) -> Callable[[Request], Principal]:
+def _authenticate(state: Any, header: str | None) -> Principal:
+    with state.sessions() as session:
+        return authenticate(session, header)
+
+
+def require(*roles: Role) -> Callable[[Request], Awaitable[Principal]]:
     """FastAPI dependency admitting ``roles`` (and always ``admin``)."""
     allowed = frozenset(roles) | {Role.admin}
 
-    def dependency(request: Request) -> Principal:
-        principal = _principal(request)
+    async def dependency(request: Request) -> Principal:
+        principal = await _principal(request)
         if principal.role not in allowed:
             raise _refuse_role(principal, allowed)
         return principal
@@ -137,26 +154,26 @@ def ensure_acts_for(principal: Principal, *, node_id: str | None = None, name: s
         )
 
 
-def require_node(param: str | None = "node_id") -> Callable[[Request], Principal]:
+def require_node(param: str | None = "node_id") -> Callable[[Request], Awaitable[Principal]]:
     """FastAPI dependency: ``admin``, or the node token of the node named by path parameter ``param``.
 
     With ``param=None`` any node token passes; the route then checks the node it names in its body
     with ``ensure_acts_for``.
     """
 
-    def dependency(request: Request) -> Principal:
-        principal = _principal(request)
+    async def dependency(request: Request) -> Principal:
+        principal = await _principal(request)
         ensure_acts_for(principal, node_id=None if param is None else request.path_params[param])
         return principal
 
     return dependency
 
 
-def require_enrolment() -> Callable[[Request], Principal]:
+def require_enrolment() -> Callable[[Request], Awaitable[Principal]]:
     """FastAPI dependency: ``admin``, or an enrolment token (an ``agent`` token bound to no node)."""
 
-    def dependency(request: Request) -> Principal:
-        principal = _principal(request)
+    async def dependency(request: Request) -> Principal:
+        principal = await _principal(request)
         if principal.role == Role.admin or principal.is_enrolment:
             return principal
         if principal.role == Role.agent:

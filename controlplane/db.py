@@ -29,11 +29,17 @@ import logging
 import math
 import os
 import sqlite3
+import threading
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -64,11 +70,13 @@ __all__ = [
     "ModelRow",
     "NodeRow",
     "PointerEventRow",
+    "QueryCounter",
     "TokenRow",
     "UploadSessionRow",
     "VersionRow",
     "make_engine",
     "make_sessionmaker",
+    "query_count",
     "utcnow",
 ]
 
@@ -341,16 +349,66 @@ def make_engine(
     in WAL mode so readers never wait for the writer.
     """
     if url.startswith("sqlite"):
-        return _sqlite_engine(url, lock_timeout, pool_timeout, pool_size)
+        engine = _sqlite_engine(url, lock_timeout, pool_timeout, pool_size)
+        _count_queries(engine)
+        return engine
+    # No pool_pre_ping: it costs a round trip per checkout (a second transaction per request). TCP
+    # keepalives find dead peers instead, and the first error on a dead connection invalidates the
+    # whole pool (SQLAlchemy's disconnect handling), so a database restart costs one failed request.
     options = f"-c lock_timeout={int(lock_timeout * 1000)} -c statement_timeout={int(statement_timeout * 1000)}"
-    return create_engine(
+    engine = create_engine(
         url,
-        pool_pre_ping=True,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_timeout=pool_timeout,
-        connect_args={"options": options, "connect_timeout": max(2, math.ceil(pool_timeout))},
+        pool_recycle=1800,
+        connect_args={
+            "options": options,
+            "connect_timeout": max(2, math.ceil(pool_timeout)),
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+        },
     )
+    _count_queries(engine)
+    return engine
+
+
+class QueryCounter(Collector):
+    """``weightship_db_queries_total``: statements this process sent to its database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        """The count so far."""
+        family = CounterMetricFamily("weightship_db_queries", "SQL statements sent to the database by this process")
+        family.add_metric([], query_count(self._engine))
+        yield family
+
+
+def query_count(engine: Engine) -> int:
+    """How many statements ``engine`` has executed since it was made."""
+    return _TALLIES[engine].value
+
+
+@dataclass
+class _Tally:
+    value: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_TALLIES: weakref.WeakKeyDictionary[Engine, _Tally] = weakref.WeakKeyDictionary()
+
+
+def _count_queries(engine: Engine) -> None:
+    tally = _TALLIES[engine] = _Tally()
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _counted(*_args: Any) -> None:
+        with tally.lock:
+            tally.value += 1
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:

@@ -21,8 +21,8 @@ A deployment's row *is* its serving pointer: ``stable``, ``previous_stable``, ``
 - **``previous_stable``** is whatever was stable before ``stable`` last changed; a rollback swaps
   the two, so rolling back twice returns to where you started.
 
-After every committed change the app's ``pointer_changed`` condition is notified so that
-desired-state long-polls (``controlplane.fleet``) answer at once.
+After every committed change the change is announced on the change feed (``controlplane.notify``),
+so that desired-state long-polls (``controlplane.fleet``) in every process answer at once.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.auth import ANY_ROLE, Principal, require
 from controlplane.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
 from controlplane.metrics import metrics_of
+from controlplane.notify import DEPLOYMENTS, changes_of
 from controlplane.registry import database_errors, resolve_version
 from weightship.errors import (
     ConflictError,
@@ -75,7 +76,7 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 
-#: ``AppState.extras`` key of a counter bumped on every pointer change (lets long-polls skip a wait)
+#: ``AppState.extras`` key of a counter of the pointer changes this process announced
 GENERATION_KEY = "pointer_generation"
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -272,10 +273,9 @@ def change_pointer(
 
 
 async def notify_pointer_changed(state: Any) -> None:
-    """Wake every long-poll waiting on ``state.pointer_changed``; call after each committed change."""
-    async with state.pointer_changed:
-        state.extras[GENERATION_KEY] = state.extras.get(GENERATION_KEY, 0) + 1
-        state.pointer_changed.notify_all()
+    """Announce a committed pointer change to every process, whose long-polls it moved then answer."""
+    state.extras[GENERATION_KEY] = state.extras.get(GENERATION_KEY, 0) + 1
+    await changes_of(state).announce(DEPLOYMENTS)
 
 
 def _action(before: Pointer, after: Pointer) -> str:

@@ -11,7 +11,7 @@ and reads its desired state with its node token only; for any other node that to
 before the active-token check, so concurrent enrolments yield one token and 409s.
 
 **Heartbeats** store the agent's whole report (inventory, what it serves, counters, health) and
-``last_seen``. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
+``last_seen``, in one statement; a report equal to the last one written only moves ``last_seen``. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
 
 **Desired state.** For each deployment a node serves (that exists), the node should serve the
 pointer's ``stable`` digest, or its ``canary`` digest when the node is in the canary subset. The
@@ -30,18 +30,21 @@ and canary, the versions it must hold on disk (so a rollback downloads nothing).
 
 **Revision.** ``revision`` is a hash of the desired content, so it changes exactly when something
 the node must act on changes. ``GET /v1/nodes/{id}/desired?after=REV&wait=S`` answers at once when
-the revision differs from ``after``; otherwise it waits on the app's ``pointer_changed``
-condition (notified by every pointer change in this process) and re-reads the database at
-least every ``RECHECK_SECONDS``, so changes committed by another replica are seen within about a
-second too. When ``wait`` runs out it answers with the unchanged state.
+the revision differs from ``after``; otherwise it parks on the process's shared snapshot of the
+node's deployments (``controlplane.snapshot``), which every pointer change, made through any
+replica, refreshes with one read per process (``controlplane.notify``); it wakes only the polls
+on the deployments that moved, and answers those whose revision moved. A parked poll issues no
+query. Changes that arrive without a notification are seen within ``RECHECK_SECONDS``. When
+``wait`` runs out it answers with the unchanged state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+import random
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -49,14 +52,15 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
-from sqlalchemy import exc, select
+from sqlalchemy import bindparam, exc, select, update
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for, require, require_enrolment, require_node
 from controlplane.db import DeploymentRow, NodeRow, VersionRow, utcnow
-from controlplane.deployments import GENERATION_KEY, to_schema
+from controlplane.deployments import to_schema
 from controlplane.metrics import metrics_of
+from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, snapshots_of, unknown_node
 from controlplane.tokens import active_node_token, mint_node_token
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, NotFoundError, ValidationError
@@ -93,10 +97,16 @@ nodes_router = APIRouter(prefix="/v1/nodes", tags=["fleet"])
 status_router = APIRouter(prefix="/v1/deployments", tags=["fleet"])
 router = APIRouter()
 
-#: longest a waiting long-poll goes without re-reading the database (changes by other replicas)
-RECHECK_SECONDS = 1.0
-
 _NODE_ROLES = ("node", "cache")
+#: a report equal to the one this process last wrote for a node is still rewritten this often
+REPORT_REWRITE_SECONDS = 60.0
+_REPORTS_KEY = "reports_written"
+_ANSWERS_KEY = "desired_answers"
+_CORRUPT_KEY = "corrupt_origins_logged"
+#: long-polls of at least this many seconds end up to this share early, at random
+_JITTER_FROM_SECONDS = 5.0
+_JITTER_SHARE = 0.2
+_MAX_ANSWERS = 10_000
 
 
 # --- desired state (pure) ------------------------------------------------------------------------
@@ -134,25 +144,6 @@ def desired_state(node_id: str, node: str, deployments: Iterable[DeploymentRow])
 
 
 # --- database reads ------------------------------------------------------------------------------
-
-
-def _node(session: Session, node_id: str) -> NodeRow:
-    row = session.get(NodeRow, node_id)
-    if row is None:
-        raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
-    return row
-
-
-def _deployments(session: Session, names: list[str]) -> list[DeploymentRow]:
-    if not names:
-        return []
-    return list(session.scalars(select(DeploymentRow).where(DeploymentRow.name.in_(names))))
-
-
-def _read_desired(state: Any, node_id: str) -> DesiredState:
-    with state.sessions() as session:
-        node = _node(session, node_id)
-        return desired_state(node.id, node.name, _deployments(session, list(node.deployments)))
 
 
 def _report(row: NodeRow) -> NodeHeartbeat:
@@ -254,18 +245,45 @@ def _corrupt_origins(report: NodeHeartbeat) -> set[tuple[str, str | None, int | 
     }
 
 
-def _heartbeat(state: Any, node_id: str, body: NodeHeartbeat) -> None:
-    with state.sessions() as session:
-        row = _node(session, node_id)
-        # The origin's copy of a blob is bad: say so once per node and chunk, not every heartbeat.
-        for digest, blob, chunk in sorted(_corrupt_origins(body) - _corrupt_origins(_report(row)), key=str):
-            log.error(
-                "origin_blob_corrupt node=%s version=%s blob=%s chunk_index=%s",
-                row.name, digest, blob, chunk,
-            )  # fmt: skip
-        row.report = body.model_dump(mode="json")
-        row.last_seen = utcnow()
-        session.commit()
+def _log_corrupt_origins(state: Any, node: str, body: NodeHeartbeat) -> None:
+    # The origin's copy of a blob is bad: say so once per node and chunk (per process), not every heartbeat.
+    found = _corrupt_origins(body)
+    seen: dict[str, set[tuple[str, str | None, int | None]]] = state.extras.setdefault(_CORRUPT_KEY, {})
+    for digest, blob, chunk in sorted(found - seen.get(node, set()), key=str):
+        log.error("origin_blob_corrupt node=%s version=%s blob=%s chunk_index=%s", node, digest, blob, chunk)
+    if found:
+        seen[node] = found
+    else:
+        seen.pop(node, None)
+
+
+# Built once: a heartbeat is the hottest write, and the ORM session path costs ~5x the statement.
+_TOUCH = update(NodeRow).where(NodeRow.id == bindparam("node_id")).values(last_seen=bindparam("now"))
+_REWRITE = _TOUCH.values(report=bindparam("report"))
+
+
+def _heartbeat(state: Any, node_id: str, node: str, body: NodeHeartbeat) -> None:
+    # One UPDATE, no read. Most heartbeats repeat the last report; this process remembers the hash
+    # of the report it last wrote per node and then only touches ``last_seen``. The report is
+    # still rewritten every REPORT_REWRITE_SECONDS, bounding how long a report written meanwhile
+    # through another replica could hide an equal one sent here.
+    digest = sha256_hex(body.model_dump_json().encode())
+    written: dict[str, tuple[str, float]] = state.extras.setdefault(_REPORTS_KEY, {})
+    last = written.get(node_id)
+    now = time.monotonic()
+    rewrite = last is None or last[0] != digest or now - last[1] > REPORT_REWRITE_SECONDS
+    params: dict[str, Any] = {"node_id": node_id, "now": utcnow()}
+    if rewrite:
+        params["report"] = body.model_dump(mode="json")
+    with state.engine.begin() as conn:
+        result = conn.execute(_REWRITE if rewrite else _TOUCH, params)
+    if result.rowcount == 0:
+        raise unknown_node(node_id)
+    if rewrite:
+        if len(written) >= MAX_NODES:
+            written.clear()
+        written[node_id] = (digest, now)
+    _log_corrupt_origins(state, node, body)
 
 
 def _list_nodes(state: Any, deployment: str | None) -> list[NodeInfo]:
@@ -306,13 +324,37 @@ async def register(
 
 @nodes_router.post("/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
 async def heartbeat(
-    node_id: str, body: NodeHeartbeat, request: Request, _principal: Principal = Depends(require_node())
+    node_id: str, body: NodeHeartbeat, request: Request, principal: Principal = Depends(require_node())
 ) -> Response:
     """Store a node's report and mark it seen."""
     state = request.app.state.ws
-    await run_in_threadpool(_heartbeat, state, node_id, body)
+    await run_in_threadpool(_heartbeat, state, node_id, principal.node_name or node_id, body)
     metrics_of(state).heartbeats.inc()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _answer(state: Any, node: str, rows: list[DeploymentRow]) -> tuple[str, bytes]:
+    """The revision and the JSON of the deployments that ``rows`` ask of ``node``.
+
+    Computed once per distinct answer and shared: after a pointer change thousands of woken polls
+    get one of a handful of answers (canary or not, per deployment), so each costs a lookup.
+    """
+    ordered = sorted(rows, key=lambda r: r.name)
+    key = tuple(
+        (r.name, r.model, r.stable, r.previous_stable, r.canary, r.canary_share, r.epoch,
+         r.canary is not None and in_canary(r.name, node, r.canary_share))
+        for r in ordered
+    )  # fmt: skip
+    answers: dict[tuple[Any, ...], tuple[str, bytes]] = state.extras.setdefault(_ANSWERS_KEY, {})
+    found = answers.get(key)
+    if found is None:
+        wanted = desired_state("", node, ordered)
+        content = [d.model_dump(mode="json") for d in wanted.deployments]
+        found = wanted.revision, json.dumps(content, separators=(",", ":")).encode()
+        if len(answers) >= _MAX_ANSWERS:
+            answers.clear()
+        answers[key] = found
+    return found
 
 
 @nodes_router.get("/{node_id}/desired", response_model=DesiredState)
@@ -322,27 +364,43 @@ async def desired(
     after: Annotated[str | None, Query(max_length=128)] = None,
     wait: Annotated[float, Query(ge=0, le=3600)] = 0.0,
     _principal: Principal = Depends(require_node()),
-) -> DesiredState:
+) -> Response:
     """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
     state = request.app.state.ws
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(wait, state.settings.long_poll_max_seconds)
+    waited = min(wait, state.settings.long_poll_max_seconds)
+    if waited >= _JITTER_FROM_SECONDS:
+        # Polls answered together (by a pointer change) would otherwise all time out and come
+        # back together too, every time: shortening each wait a little spreads them out.
+        waited *= random.uniform(1 - _JITTER_SHARE, 1)  # spreading load, not secrecy
+    deadline = loop.time() + waited
+    snapshots = snapshots_of(state)
+    # A plain read (no ``after``: an agent that just started or re-registered, or a person) reads
+    # the database, so it shows what is committed; long-polls use the snapshot and cost no query.
+    fresh = after is None
+    name, names = await snapshots.node(node_id, fresh=fresh)
+    await snapshots.ensure(names, fresh=fresh)
     gauge = metrics_of(state).long_polls_waiting
-    condition: asyncio.Condition = state.pointer_changed
-    gauge.inc()
-    try:
-        while True:
-            generation = state.extras.get(GENERATION_KEY, 0)
-            current = await run_in_threadpool(_read_desired, state, node_id)
+    while True:
+        # Watch before computing: nothing can change between the two (no await), so no wake is lost.
+        changed = snapshots.watch(names)
+        try:
+            revision, deployments = _answer(state, name, snapshots.rows(names))
             remaining = deadline - loop.time()
-            if after is None or current.revision != after or remaining <= 0 or await request.is_disconnected():
-                return current
-            async with condition:
-                if state.extras.get(GENERATION_KEY, 0) == generation:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(condition.wait(), timeout=min(RECHECK_SECONDS, remaining))
-    finally:
-        gauge.dec()
+            if after is None or revision != after or remaining <= 0:
+                body = b'{"node_id":%s,"revision":"%s","deployments":%s}' % (
+                    json.dumps(node_id).encode(),
+                    revision.encode(),
+                    deployments,
+                )
+                return Response(body, media_type="application/json")
+            gauge.inc()
+            try:
+                await asyncio.wait((changed,), timeout=remaining)
+            finally:
+                gauge.dec()
+        finally:
+            snapshots.unwatch(names, changed)
 
 
 @nodes_router.get("", response_model=list[NodeInfo])

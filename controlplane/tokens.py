@@ -26,6 +26,7 @@ from sqlalchemy import exc, select, update
 from sqlalchemy.orm import Session
 
 from controlplane.auth import ANY_ROLE, Principal, hash_secret, new_secret, require
+from controlplane.authcache import announce_revoked
 from controlplane.db import NodeRow, TokenRow, utcnow
 from weightship.errors import ConflictError, NotFoundError
 from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo
@@ -169,5 +170,6 @@ def revoke_token(token_id: str, request: Request, principal: Principal = Depends
         session.commit()
     if getattr(result, "rowcount", 0) == 0:
         raise NotFoundError(f"no active token with id {token_id!r}; list tokens with GET /v1/tokens")
+    announce_revoked(request.app.state.ws, token_id)
     log.info("token_revoked token_id=%s by=%s", token_id, principal.name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -43,7 +43,7 @@ class ControlPlaneProcess:
         #: where the blob URLs it signs point (a proxy in front of it, or itself)
         self.public_url = public_url or self.url
         self.database = workdir / "cp.db"
-        #: SQLite at ``database`` unless another database (PostgreSQL) is given
+        #: SQLite under ``workdir`` unless another database (PostgreSQL, shared by replicas) is named
         self.database_url = database_url or f"sqlite:///{self.database}"
         self.log_path = workdir / "controlplane.log"
         self.proc: subprocess.Popen[bytes] | None = None
