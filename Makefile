@@ -9,7 +9,7 @@ PG_PORT ?= 54329
 PROM_DIR ?= /tmp/weightship-test-prom-$(shell id -u)
 PROM_PORT ?= 54330
 
-.PHONY: demo test lint unit venv clean
+.PHONY: demo test lint unit venv clean images
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,6 +37,20 @@ test: lint unit
 
 demo: $(STAMP)
 	$(BIN)/python demo/demo.py
+
+# Container images (Dockerfile): the main image (control plane, agent, operator) and the model server's.
+# SERVE_TORCH_INDEX picks torch 2.13.0's build: the CPU index (default) or https://pypi.org/simple (CUDA).
+IMAGE_REPO ?= ghcr.io/weightship/weightship
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+SERVE_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+images:
+	@if ! command -v docker >/dev/null 2>&1; then \
+		echo "make images: SKIPPED: no docker command on this machine; install Docker (or build the Dockerfile elsewhere)"; exit 0; fi; \
+	if ! docker info >/dev/null 2>&1; then \
+		echo "make images: SKIPPED: docker is installed but its daemon does not answer (docker info failed); start dockerd"; exit 0; fi; \
+	set -ex; \
+	docker build --target weightship -t $(IMAGE_REPO):$(IMAGE_TAG) .; \
+	docker build --target serve --build-arg TORCH_INDEX_URL=$(SERVE_TORCH_INDEX) -t $(IMAGE_REPO)-serve:$(IMAGE_TAG) .
 
 clean:
 	rm -rf $(VENV) .weightship .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,124 @@
+{{/* Names, labels and the rules every template shares. */}}
+
+{{- define "weightship.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "weightship.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "weightship.labels" -}}
+{{ include "weightship.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{- define "weightship.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "weightship.controlplaneUrl" -}}
+{{- if .Values.controlplane.publicUrl -}}
+{{- .Values.controlplane.publicUrl | trimSuffix "/" -}}
+{{- else -}}
+{{- printf "http://%s-controlplane.%s.svc:%v" (include "weightship.fullname" .) .Release.Namespace .Values.controlplane.port -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ServiceAccount name of a component: (dict "root" $ "component" "agent" "sa" .Values.agent.serviceAccount) */}}
+{{- define "weightship.serviceAccountName" -}}
+{{- if .sa.create -}}
+{{- .sa.name | default (printf "%s-%s" (include "weightship.fullname" .root) .component) -}}
+{{- else -}}
+{{- .sa.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+One environment variable, only when its value is given: an empty string or null renders
+nothing, so the program's embedded default applies instead of an empty override.
+(dict "name" "WEIGHTSHIP_X" "value" .Values.x)
+*/}}
+{{- define "weightship.optionalEnv" -}}
+{{- if not (or (kindIs "invalid" .value) (eq (toString .value) "")) }}
+- name: {{ .name }}
+  value: {{ .value | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The security context of every weightship container but the agent's ownership step. */}}
+{{- define "weightship.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{- define "weightship.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* The database URL, from its Secret; shared by the server and its migrations. */}}
+{{- define "weightship.databaseEnv" -}}
+- name: WEIGHTSHIP_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "controlplane.database.secretName is required: name an existing Secret whose key `url` holds postgresql+psycopg://USER:PASSWORD@HOST:5432/DB (docs/kubernetes.md)" .Values.controlplane.database.secretName }}
+      key: {{ .Values.controlplane.database.key }}
+{{- end -}}
+
+{{/* The agent's enrolment token, mounted as a file (never in the environment or a process listing). */}}
+{{- define "weightship.enrolmentVolume" -}}
+- name: enrolment
+  secret:
+    secretName: {{ required "agent.enrolmentSecretName is required: name an existing Secret whose key `token` holds an enrolment token (weightship token create provisioning --role agent)" .Values.agent.enrolmentSecretName }}
+    defaultMode: 0440
+    items: [{key: {{ .Values.agent.enrolmentSecretKey }}, path: token}]
+{{- end -}}
+
+{{/* A cache tier's in-cluster URL: (dict "root" $ "tier" "cluster") */}}
+{{- define "weightship.cacheUrl" -}}
+{{- $tier := index .root.Values.caches .tier -}}
+{{- printf "http://%s-cache-%s.%s.svc:%v" (include "weightship.fullname" .root) .tier .root.Release.Namespace $tier.port -}}
+{{- end -}}
+
+{{/* What the operator may do where ModelRollouts live: nothing it does not need. */}}
+{{- define "weightship.operatorRules" -}}
+- apiGroups: [weightship.io]
+  resources: [modelrollouts]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [weightship.io]
+  resources: [modelrollouts/status]
+  verbs: [get, patch, update]
+# One ReplicaSet per version digest: created, scaled, relabelled, and deleted after the rollback window.
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- if eq .Values.operator.trafficRouter "service" }}
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, update, patch]
+{{- end }}
+{{- if eq .Values.operator.trafficRouter "gatewayapi" }}
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, list, watch, update, patch]
+{{- end }}
+{{- end -}}
