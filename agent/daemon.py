@@ -333,6 +333,7 @@ class Agent:
         backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         changed = self._changed
         while True:
+            began = loop.time()
             self._usage = await loop.run_in_executor(self.state_executor, self.store.usage_bytes)
             body = self.heartbeat()
             try:
@@ -343,6 +344,8 @@ class Agent:
                 await self._back_off("heartbeat", exc, backoff)
                 continue
             backoff.reset()
+            # From due to answered: what bench/fetch.py reads to show heartbeats do not stall.
+            event(log, "heartbeat.sent", logging.DEBUG, seconds=f"{loop.time() - began:.4f}")
             sent = set(map(id, body.validation))
             self._reports = [r for r in self._reports if id(r) not in sent]
             with contextlib.suppress(TimeoutError):
