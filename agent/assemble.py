@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from agent.counters import Counters
@@ -94,11 +95,7 @@ class Assembler:
     async def manifest(self, model: str, digest: str) -> Manifest:
         """The verified, parsed manifest of ``digest``."""
         staged = self.store.staging_dir / hex_of(digest) / META_DIR / MANIFEST_FILE
-        raw: bytes | None = None
-        if staged.exists():
-            raw = staged.read_bytes()
-            if format_digest(sha256_hex(raw)) != digest:
-                raw = None
+        raw = await self._run(_read_staged_manifest, staged, digest)
         if raw is None:
             raw = await self.manifests.manifest(model, digest)
         manifest = parse_manifest(raw)
@@ -183,3 +180,12 @@ class Assembler:
             seconds=f"{seconds:.3f}",
             mb_per_s=f"{need / max(seconds, 1e-9) / 1e6:.1f}",
         )
+
+
+def _read_staged_manifest(path: Path, digest: str) -> bytes | None:
+    """The manifest bytes left in a staging area by an interrupted fetch, if they hash to ``digest``."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return raw if format_digest(sha256_hex(raw)) == digest else None

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import signal
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -80,6 +80,9 @@ class Agent:
     def __init__(self, config: AgentConfig, controlplane: ControlPlaneClient | None = None) -> None:
         self.config = config
         self.executor = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 2), thread_name_prefix="ws-agent")
+        # Small state files (epochs, links, LRU record, runtime file) get a pool of their own, so a
+        # switch or a heartbeat never queues behind chunk writes filling the main pool.
+        self.state_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ws-state")
         self.store = VersionStore(config.data_dir)
         self.book = EpochBook(self.store.state_dir / "deployments.json")
         self.counters = Counters()
@@ -120,6 +123,7 @@ class Agent:
             assembler,
             self.retention,
             self.executor,
+            state_executor=self.state_executor,
             prefetch=config.prefetch,
             backoff_initial=config.backoff_initial,
             backoff_max=config.backoff_max,
@@ -161,7 +165,7 @@ class Agent:
         cfg = self.config
         api = LocalAPI(self.serving, self.heartbeat, self._report)
         self.local_api_url = await api.start(cfg.local_api)
-        self._write_runtime()
+        await self._write_runtime()
         event(
             log,
             "agent.started",
@@ -195,6 +199,7 @@ class Agent:
             await self.blob_client.close()
             await self.controlplane.aclose()
             self.executor.shutdown(wait=False, cancel_futures=True)
+            self.state_executor.shutdown(wait=False, cancel_futures=True)
             c = self.counters.snapshot()
             event(
                 log,
@@ -206,7 +211,7 @@ class Agent:
         if crashed is not None:
             raise crashed
 
-    def _write_runtime(self) -> None:
+    async def _write_runtime(self) -> None:
         doc = {
             "pid": os.getpid(),
             "name": self.config.name,
@@ -215,12 +220,16 @@ class Agent:
             "control_plane": self.config.control_plane,
             "data_dir": str(self.store.root),
         }
-        atomic_write(self.store.root / "agent.json", json.dumps(doc, indent=1).encode())
+        data = json.dumps(doc, indent=1).encode()
+        await self._state_io(atomic_write, self.store.root / "agent.json", data)
+
+    async def _state_io(self, fn: Callable[..., object], *args: object) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.state_executor, fn, *args)
 
     async def _controlplane_session(self) -> None:
         while True:
             self.node_id = await self._register()
-            self._write_runtime()
+            await self._write_runtime()
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._desired_loop(self.node_id))
@@ -269,7 +278,7 @@ class Agent:
         return enrolment.node
 
     async def _save_credential(self, path: Path, credential: NodeCredential) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.executor, save_credential, path, credential)
+        await self._state_io(save_credential, path, credential)
 
     async def _back_off(self, what: str, exc: WeightshipError, backoff: DelaySequence) -> None:
         if isinstance(exc, (AuthError, ForbiddenError, ConflictError)):
@@ -293,7 +302,7 @@ class Agent:
         backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         revision: str | None = None
         while True:
-            asked = time.monotonic()
+            asked = asyncio.get_running_loop().time()  # loop time: fake-clock tests drive it
             try:
                 desired = await self.controlplane.desired(node_id, revision, cfg.poll_wait)
             except (NotFoundError, AuthError):
@@ -304,7 +313,7 @@ class Agent:
             if backoff.attempts:
                 event(log, "controlplane.reconnected", call="desired", after_attempts=backoff.attempts)
                 backoff.reset()
-            if desired.revision == revision and time.monotonic() - asked < MIN_POLL_SECONDS:
+            if desired.revision == revision and asyncio.get_running_loop().time() - asked < MIN_POLL_SECONDS:
                 # A control plane that answers at once without waiting must not be polled in a
                 # tight loop.
                 await asyncio.sleep(MIN_POLL_SECONDS)
@@ -316,7 +325,7 @@ class Agent:
                     revision=revision,
                     deployments=",".join(f"{d.name}@{d.epoch}" for d in desired.deployments),
                 )
-                self.reconciler.apply(desired)
+                await self.reconciler.apply(desired)
 
     async def _heartbeat_loop(self, node_id: str) -> None:
         cfg = self.config
@@ -324,7 +333,8 @@ class Agent:
         backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         changed = self._changed
         while True:
-            self._usage = await loop.run_in_executor(self.executor, self.store.usage_bytes)
+            began = loop.time()
+            self._usage = await loop.run_in_executor(self.state_executor, self.store.usage_bytes)
             body = self.heartbeat()
             try:
                 await self.controlplane.heartbeat(node_id, body)
@@ -334,6 +344,8 @@ class Agent:
                 await self._back_off("heartbeat", exc, backoff)
                 continue
             backoff.reset()
+            # From due to answered: what bench/fetch.py reads to show heartbeats do not stall.
+            event(log, "heartbeat.sent", logging.DEBUG, seconds=f"{loop.time() - began:.4f}")
             sent = set(map(id, body.validation))
             self._reports = [r for r in self._reports if id(r) not in sent]
             with contextlib.suppress(TimeoutError):

@@ -27,7 +27,11 @@ A digest is fetched once however many deployments want it (single flight), and a
 is no longer wanted is cancelled (its verified chunks stay in staging for later). Once every
 deployment's served version is ready, the other versions in ``keep`` (previous stable, canary)
 are prefetched one at a time, so a rollback or a promotion downloads nothing.
-Everything here runs on the event loop; disk-heavy steps go to the worker pool.
+Decisions run on the event loop; every disk write (epochs, ``current`` links, the LRU record,
+evictions) goes to a worker pool (``state_executor``), so local-API requests and heartbeats never
+wait behind an fsync. Writes of the epoch book are made one at a time (an ``asyncio.Lock``, which
+parks coroutines, not the loop) and each is awaited before the step that depends on it: a pointer
+is durable before it is acted on, and a switch is recorded before the link moves.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from agent.assemble import Assembler, Progress
 from agent.epochs import EpochBook, StaleEpochError
@@ -55,6 +60,7 @@ from weightship.schemas import DesiredState, FetchFailure, FetchProblem, Version
 __all__ = ["Reconciler", "Target"]
 
 log = logging.getLogger("agent.reconcile")
+_R = TypeVar("_R")
 
 #: refusals kept for the heartbeat
 MAX_REFUSED = 32
@@ -148,6 +154,7 @@ class Reconciler:
         retention: Retention,
         executor: Executor,
         *,
+        state_executor: Executor | None = None,
         prefetch: bool = True,
         backoff_initial: float = 0.2,
         backoff_max: float = 10.0,
@@ -160,6 +167,7 @@ class Reconciler:
         self.assembler = assembler
         self.retention = retention
         self.executor = executor
+        self.state_executor = state_executor or executor
         self.prefetch = prefetch
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -172,15 +180,21 @@ class Reconciler:
         self._referenced: frozenset[str] = frozenset()
         self._wake = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
+        self._book_writes = asyncio.Lock()
+
+    async def _io(self, fn: Callable[..., _R], *args: object) -> _R:
+        """Run a disk step in the state pool and wait for it without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.state_executor, fn, *args)
 
     # --- inputs --------------------------------------------------------------------------------
 
-    def apply(self, desired: DesiredState) -> None:
-        """Accept the pointers of ``desired`` that are not stale, and wake the loop."""
+    async def apply(self, desired: DesiredState) -> None:
+        """Accept the pointers of ``desired`` that are not stale (durably), and wake the loop."""
         targets: dict[str, Target] = {}
         for item in desired.deployments:
             try:
-                self.book.accept(item.name, item.epoch, item.model, item.digest)
+                async with self._book_writes:
+                    await self._io(self.book.accept, item.name, item.epoch, item.model, item.digest)
             except StaleEpochError as exc:
                 self._refuse(item.name, item.epoch, item.digest, exc)
                 if item.name in self._targets:
@@ -294,7 +308,7 @@ class Reconciler:
                 and self.store.is_ready(record.digest)
                 and self.store.current(record.name) != record.digest
             ):
-                self.store.link_current(record.name, record.digest)
+                await self._io(self.store.link_current, record.name, record.digest)
                 event(log, "deploy.link_repaired", deployment=record.name, digest=record.digest)
 
     async def _tick(self) -> None:
@@ -326,7 +340,7 @@ class Reconciler:
         referenced = frozenset(d for d in self.protected() if self.store.is_ready(d))
         if referenced != self._referenced:
             self._referenced = referenced
-            self.store.touch(sorted(referenced))
+            await self._io(self.store.touch, sorted(referenced))
         evicted = await loop.run_in_executor(self.executor, self.retention.trim, self.protected())
         if evicted:
             self.on_change()
@@ -399,9 +413,10 @@ class Reconciler:
         ):
             return
         previous = record.digest if record else None
-        self.book.apply(target.name, target.epoch, target.digest, target.model)
+        async with self._book_writes:
+            await self._io(self.book.apply, target.name, target.epoch, target.digest, target.model)
         if linked != target.digest:
-            self.store.link_current(target.name, target.digest)
+            await self._io(self.store.link_current, target.name, target.digest)
         await self.serving.changed()
         self.on_change()
         event(

@@ -70,7 +70,11 @@ class Retention:
         self.quota_bytes = quota_bytes
         self.min_free_bytes = min_free_bytes
         self._reserved: dict[str, int] = {}
+        # ``_lock`` guards the reservations and is taken on the event loop (progress, release),
+        # so it is never held across disk work. ``_evicting`` makes room-making decisions one at a
+        # time (two fetches cannot claim the same free space); only worker threads take it.
         self._lock = threading.Lock()
+        self._evicting = threading.Lock()
 
     def reserved(self) -> int:
         """Bytes in-flight fetches will still write."""
@@ -84,13 +88,14 @@ class Retention:
         evicted. Raises ``DiskFullError`` if evicting everything else still leaves too little room.
         """
         evicted: list[str] = []
-        with self._lock:
-            self._reserved.pop(digest, None)
+        with self._evicting:
+            self.release(digest)
             while True:
-                others = sum(self._reserved.values())
+                others = self.reserved()
                 excess = self._excess(need + others)
                 if excess <= 0:
-                    self._reserved[digest] = need
+                    with self._lock:
+                        self._reserved[digest] = need
                     if evicted:
                         event(log, "retention.made_room", digest=digest, need=need, evicted=",".join(evicted))
                     return evicted
@@ -116,7 +121,7 @@ class Retention:
         evicted: list[str] = []
         if not self.quota_bytes:
             return evicted
-        with self._lock:
+        with self._evicting:
             while self.store.usage_bytes() > self.quota_bytes:
                 victim = choose_eviction((c for c in self._candidates() if not c.partial), protected)
                 if victim is None:

@@ -24,6 +24,7 @@ class Serving:
         self.store = store
         self.book = book
         self._changed = asyncio.Condition()
+        self._waiting = 0
 
     def get(self, name: str) -> LocalDeployment | None:
         """What ``name`` serves here, or ``None`` if this node never had a pointer for it."""
@@ -40,6 +41,11 @@ class Serving:
             ready=ready,
         )
 
+    @property
+    def waiting(self) -> int:
+        """How many ``wait`` calls are parked right now (what a long-poll test waits for)."""
+        return self._waiting
+
     async def changed(self) -> None:
         """Wake everyone waiting for a switch."""
         async with self._changed:
@@ -53,6 +59,10 @@ class Serving:
             return view if view is not None and view.ready and view.epoch > after_epoch else None
 
         async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: settled() is not None), within)
+            self._waiting += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait_for(lambda: settled() is not None), within)
+            finally:
+                self._waiting -= 1
         return settled()

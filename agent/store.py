@@ -75,8 +75,13 @@ class VersionStore:
         self._last_used: dict[str, float] = {}
         self._chunks: dict[str, LocalChunk] | None = None
         self._files: dict[str, list[LocalFile]] | None = None
-        # Retention evicts from a worker thread while the event loop reads; one lock for both.
+        # Retention evicts from a worker thread while the event loop reads; one lock for both,
+        # held only for in-memory steps: the event loop takes it, so never across a disk flush.
         self._lock = threading.RLock()
+        # Orders writes of last_used.json; taken only in worker threads, never by the event loop.
+        self._save_lock = threading.Lock()
+        self._last_used_seq = 0
+        self._saved_seq = 0
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -138,7 +143,7 @@ class VersionStore:
         with self._lock:
             self._ready[manifest.digest] = manifest
             self._invalidate()
-            self.touch([manifest.digest])
+        self.touch([manifest.digest])
         event(log, "store.installed", digest=manifest.digest, bytes=manifest.total_size)
         return final
 
@@ -148,7 +153,7 @@ class VersionStore:
             self._ready.pop(digest, None)
             self._invalidate()
             self._last_used.pop(digest, None)
-            self._save_last_used()
+        self._save_last_used()
         final = self.path(digest)
         if final.exists():
             self._discard(final)
@@ -234,19 +239,31 @@ class VersionStore:
     # --- LRU and usage -------------------------------------------------------------------------
 
     def touch(self, digests: list[str]) -> None:
-        """Record that ``digests`` are referenced now (they become the most recently used)."""
+        """Record that ``digests`` are referenced now (they become the most recently used).
+
+        Writes ``state/last_used.json`` durably: call it from a worker thread, not the event loop.
+        """
         now = time.time()
         with self._lock:
             for digest in digests:
                 self._last_used[digest] = now
-            self._save_last_used()
+        self._save_last_used()
 
     def last_used(self, digest: str) -> float:
         """When ``digest`` was last referenced (0 if never)."""
         return self._last_used.get(digest, 0.0)
 
     def _save_last_used(self) -> None:
-        atomic_write(self.state_dir / "last_used.json", json.dumps(self._last_used, sort_keys=True).encode())
+        # Snapshot under the shared lock, flush outside it; a snapshot older than one already on
+        # disk is dropped, so concurrent savers never put an older record back.
+        with self._lock:
+            self._last_used_seq += 1
+            seq = self._last_used_seq
+            data = json.dumps(self._last_used, sort_keys=True).encode()
+        with self._save_lock:
+            if seq > self._saved_seq:
+                atomic_write(self.state_dir / "last_used.json", data)
+                self._saved_seq = seq
 
     def usage_bytes(self) -> int:
         """Bytes on disk under ``versions/`` and ``staging/``, each hard-linked inode counted once."""

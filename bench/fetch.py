@@ -31,7 +31,10 @@ Usage: python bench/fetch.py [--size 2GiB] [--files 4] [--chunk-size 64MiB] [--c
                              [--repeat 3] [--dir PATH]
 Last line: one JSON object; ``ratio_vs_curl`` = agent GB/s / curl GB/s (sendfile origin, best
 rounds); ``ratio_vs_curl_verified`` = agent GB/s / curl_verified GB/s (same origin, best rounds);
-``ratio_vs_curl_controlplane_origin`` the same as ``ratio_vs_curl`` with the control plane serving.
+``ratio_vs_curl_controlplane_origin`` the same as ``ratio_vs_curl`` with the control plane serving;
+``localapi_p99_ms_during_fetch`` and ``heartbeat_p99_ms_during_fetch``: the agent's local API and
+heartbeat p99 latency while it fetches the version, in one more round after the timed ones (its
+probes cost CPU, so it counts in no throughput figure).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -83,6 +87,16 @@ def wait_until(probe: Callable[[], Any], seconds: float, what: str) -> Any:
             pass
         time.sleep(0.02)
     raise SystemExit(f"timed out waiting for {what}")
+
+
+def p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def heartbeat_seconds(log: str) -> list[float]:
+    """The durations the agent logs for its heartbeats (``heartbeat.sent``, debug level)."""
+    return [float(m) for m in re.findall(r"heartbeat\.sent seconds=([0-9.]+)", log)]
 
 
 def serve_static(root: str, port: int) -> None:
@@ -198,9 +212,25 @@ class Bench:
 
     def agent(self, cp_url: str, token: str, digest: str) -> tuple[float, int]:
         """Seconds from a pointer update to a fresh agent serving ``digest``, and its bytes downloaded."""
+        seconds, downloaded, _latency = self._agent_round(cp_url, token, digest, probe=False)
+        return seconds, downloaded
+
+    def agent_latency(self, cp_url: str, token: str, digest: str) -> dict[str, Any]:
+        """p99 latency of the agent's local API and heartbeats while it fetches ``digest`` (a round of its own).
+
+        The local API is asked for the deployment (what a model server asks) and for ``/status``
+        (the heartbeat body, built as the heartbeat loop builds it) every 20 ms; heartbeats run
+        every 0.1 s and the agent logs each one's duration, from due to answered. This round's
+        time counts in no throughput figure: the probes cost CPU.
+        """
+        _seconds, _downloaded, latency = self._agent_round(cp_url, token, digest, probe=True)
+        return latency
+
+    def _agent_round(self, cp_url: str, token: str, digest: str, *, probe: bool) -> tuple[float, int, dict[str, Any]]:
         self.rounds += 1
         name = f"bench-{self.rounds}"
         data = self.work / name
+        log = self.work / f"{name}.log"
         with Client(cp_url, ADMIN) as client:
             client.create_deployment(name, "bench")
             argv = [
@@ -208,15 +238,47 @@ class Bench:
                 "--deployment", name, "--local-api", "127.0.0.1:0", "--concurrency", str(self.concurrency),
                 "--no-prefetch",
             ]  # fmt: skip
-            agent = self.spawn(argv, f"{name}.log", {**os.environ, "WEIGHTSHIP_AGENT_TOKEN": token})
+            if probe:
+                argv += ["--log-level", "debug", "--heartbeat-interval", "0.1"]
+            agent = self.spawn(argv, log.name, {**os.environ, "WEIGHTSHIP_AGENT_TOKEN": token})
             runtime = data / "agent.json"
             wait_until(lambda: json.loads(runtime.read_text())["node_id"], 60, "the agent to register")
             api = json.loads(runtime.read_text())["local_api"]
+            if probe:
+                wait_until(lambda: heartbeat_seconds(log.read_text()), 60, "a first heartbeat")
+            log_start = log.stat().st_size
             t = time.monotonic()
             client.set_pointer(name, digest, expected_epoch=client.get_deployment(name).epoch)
-        view = httpx.get(
-            f"{api}/local/v1/deployments/{name}/wait", params={"after_epoch": 0, "timeout": 600}, timeout=620
-        ).json()
+        latency: dict[str, Any] = {}
+        if probe:
+            local_api: list[float] = []
+            status: list[float] = []
+            with httpx.Client(base_url=api, timeout=60) as http:
+                while True:
+                    t0 = time.monotonic()
+                    view = http.get(f"/local/v1/deployments/{name}").json()
+                    local_api.append(time.monotonic() - t0)
+                    t0 = time.monotonic()
+                    http.get("/local/v1/status").raise_for_status()
+                    status.append(time.monotonic() - t0)
+                    if view.get("ready") and view.get("digest") == digest:
+                        break
+                    time.sleep(0.02)
+            with open(log, "rb") as handle:
+                handle.seek(log_start)
+                heartbeats = heartbeat_seconds(handle.read().decode(errors="replace"))
+            latency = {
+                "localapi_p99_ms_during_fetch": round(p99(local_api) * 1000, 1),
+                "status_p99_ms_during_fetch": round(p99(status) * 1000, 1),
+                "heartbeat_p99_ms_during_fetch": round(p99(heartbeats) * 1000, 1) if heartbeats else None,
+                "localapi_samples_during_fetch": len(local_api),
+                "heartbeats_during_fetch": len(heartbeats),
+            }
+            view = httpx.get(f"{api}/local/v1/deployments/{name}").json()
+        else:
+            view = httpx.get(
+                f"{api}/local/v1/deployments/{name}/wait", params={"after_epoch": 0, "timeout": 600}, timeout=620
+            ).json()
         seconds = time.monotonic() - t
         assert view["ready"], view
         assert view["digest"] == digest, view
@@ -225,7 +287,7 @@ class Bench:
         agent.wait(timeout=30)
         self.procs.remove(agent)
         shutil.rmtree(data)
-        return seconds, downloaded
+        return seconds, downloaded, latency
 
     def close(self) -> None:
         for proc in self.procs:
@@ -324,6 +386,14 @@ def main() -> None:
                 "ratio": round(agent_gbps / curl_gbps, 4),
                 "ratio_vs_curl_verified": round(agent_gbps / verified_gbps, 4),
             }
+        latency = bench.agent_latency(origins["sendfile"], token, version.digest)
+        print(
+            f"during a {version.size / 2**30:.2f} GiB fetch (sendfile origin): local API p99 "
+            f"{latency['localapi_p99_ms_during_fetch']} ms, /status p99 {latency['status_p99_ms_during_fetch']} ms, "
+            f"heartbeat p99 {latency['heartbeat_p99_ms_during_fetch']} ms "
+            f"({latency['localapi_samples_during_fetch']} samples, {latency['heartbeats_during_fetch']} heartbeats)",
+            flush=True,
+        )
         print(
             json.dumps(
                 {
@@ -343,6 +413,7 @@ def main() -> None:
                     "ratio_vs_curl_verified": results["sendfile"]["ratio_vs_curl_verified"],
                     "load_average": round(os.getloadavg()[0], 2),
                     "ratio_vs_curl_controlplane_origin": results["controlplane"]["ratio"],
+                    **latency,
                 }
             )
         )

@@ -14,6 +14,7 @@ from agent.epochs import EpochBook
 from agent.localapi import LocalAPI
 from agent.serving import Serving
 from agent.store import VersionStore
+from tests.agent.agent_processes import eventually
 from tests.agent.local_versions import install
 from weightship.manifest import Manifest
 from weightship.schemas import LocalDeployment, NodeHeartbeat, ValidationReport
@@ -59,22 +60,37 @@ async def test_unknown_deployment_is_404_with_a_hint(node: Node) -> None:
     assert "--deployment" in response.json()["error"]["message"]
 
 
+async def parked(node: Node, count: int) -> None:
+    """Wait until ``count`` local-API long-polls are parked in the agent (not merely sent)."""
+    await eventually(lambda: node.serving.waiting == count, 5, f"{count} parked long-poll(s)")
+
+
+#: a long-poll asks to wait far longer than the test lets it: only the switch notification can answer it in time
+PARK = 60
+#: how long a parked long-poll may take to answer once the switch happened
+ANSWERED_WITHIN = 5
+
+
 async def test_wait_returns_once_ready_and_long_polls_the_next_switch(node: Node) -> None:
     first = asyncio.create_task(
-        node.http.get("/local/v1/deployments/chat/wait", params={"after_epoch": 0, "timeout": 10})
+        node.http.get("/local/v1/deployments/chat/wait", params={"after_epoch": 0, "timeout": PARK}, timeout=PARK + 5)
     )
-    await asyncio.sleep(0.05)  # ok-sleep: let the request reach the server before the switch
+    await parked(node, 1)
     assert not first.done()
     await node.switch(node.v1.digest, 1)
-    view = LocalDeployment.model_validate_json((await first).content)
+    view = LocalDeployment.model_validate_json((await asyncio.wait_for(first, ANSWERED_WITHIN)).content)
     assert (view.digest, view.epoch, view.ready) == (node.v1.digest, 1, True)
     assert view.path == str(node.store.path(node.v1.digest))
 
     nxt = asyncio.create_task(
-        node.http.get("/local/v1/deployments/chat/wait", params={"after_epoch": 1, "timeout": 10})
+        node.http.get("/local/v1/deployments/chat/wait", params={"after_epoch": 1, "timeout": PARK}, timeout=PARK + 5)
     )
+    await parked(node, 1)  # parked on epoch 1, which it already has: only the switch to 2 answers it
+    assert not nxt.done()
     await node.switch(node.v2.digest, 2)
-    assert LocalDeployment.model_validate_json((await nxt).content).digest == node.v2.digest
+    answer = await asyncio.wait_for(nxt, ANSWERED_WITHIN)
+    assert LocalDeployment.model_validate_json(answer.content).digest == node.v2.digest
+    assert node.serving.waiting == 0
     listed = (await node.http.get("/local/v1/deployments")).json()
     assert [d["digest"] for d in listed] == [node.v2.digest]
 

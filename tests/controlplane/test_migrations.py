@@ -133,3 +133,5 @@ def test_serve_command_migrates_at_start_and_serves_the_api(tmp_path: Path) -> N
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if proc.stderr is not None:
+            proc.stderr.close()

@@ -1,0 +1,40 @@
+"""`make demo` as part of `make test`: the whole story on a small model, checked from its JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def test_demo_hot_swaps_under_traffic_and_rolls_back_without_downloading() -> None:
+    run = subprocess.run(
+        [sys.executable, "demo/demo.py", "--size-mb", "8", "--agents", "2"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert run.returncode == 0, f"the demo failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["versions_published"] == 2
+    assert figures["agents"] == 2
+    assert figures["serve_requests"] > 0
+    assert figures["serve_failed_requests"] == 0
+    assert figures["rollback_bytes_downloaded"] == 0
+    assert figures["v2_switch_bytes_downloaded"] > 0
+    seen = figures["serve_versions_seen"]
+    assert len(seen) == 3, f"expected v1, v2, then v1 again; saw {seen}"
+    v1, v2, back = seen
+    assert v1 != v2, "the server never answered with v2 before the rollback"
+    assert back == v1, "after the rollback the server must answer with v1 again"
