@@ -1,4 +1,4 @@
-"""The agent's calls to the control plane: enrol, register, heartbeat, desired state, blob URLs, manifests.
+"""The agent's calls to the control plane: enrol, register, heartbeat, desired state, blob URLs, manifests, tickets.
 
 An async ``httpx`` client with a bearer token: the node's own node token once it has one
 (``use_token``); ``enrol`` alone sends the enrolment token it is given. Non-2xx answers map
@@ -31,6 +31,9 @@ from weightship.schemas import (
     NodeHeartbeat,
     NodeInfo,
     NodeRegistration,
+    TicketGrant,
+    TicketKeys,
+    TicketRequest,
 )
 
 __all__ = ["ControlPlaneClient"]
@@ -160,3 +163,12 @@ class ControlPlaneClient:
         if actual != format_digest(hex_of(digest)):
             raise IntegrityError(f"the control plane sent a manifest hashing to {actual} for {digest}; refused")
         return raw
+
+    async def ticket(self, versions: Sequence[str]) -> TicketGrant:
+        """An entitlement ticket naming this node and ``versions`` (403 for any it is not entitled to)."""
+        body = TicketRequest(versions=list(versions))
+        return self._parse(TicketGrant, await self._send("POST", "/v1/tickets", json=body))
+
+    async def ticket_keys(self) -> TicketKeys:
+        """The public keys tickets are signed with."""
+        return self._parse(TicketKeys, await self._send("GET", "/v1/tickets/keys"))
