@@ -25,6 +25,7 @@ from weightship.schemas import (
     BlobURL,
     BlobURLRequest,
     BlobURLs,
+    Deployment,
     DesiredState,
     NodeEnrolment,
     NodeEnrolRequest,
@@ -172,3 +173,13 @@ class ControlPlaneClient:
     async def ticket_keys(self) -> TicketKeys:
         """The public keys tickets are signed with."""
         return self._parse(TicketKeys, await self._send("GET", "/v1/tickets/keys"))
+
+    async def deployments(self) -> list[Deployment]:
+        """Every deployment and its serving pointer (a cache pins the versions they name)."""
+        response = await self._send("GET", "/v1/deployments")
+        try:
+            return [Deployment.model_validate(item) for item in response.json()]
+        except (ValueError, PydanticValidationError) as exc:
+            raise WeightshipError(
+                f"GET /v1/deployments answered a body that is not a list of deployments: {exc}"
+            ) from None
