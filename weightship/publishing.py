@@ -35,19 +35,44 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from weightship.backoff import Backoff
 from weightship.chunks import DEFAULT_CHUNK_SIZE
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, ForbiddenError, IntegrityError, TemporaryError, WeightshipError
 from weightship.manifest import DirectoryListing, Manifest, build_manifest, list_model_directory, parse_manifest
-from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo
+from weightship.schemas import PartUpload, Role, TokenInfo, UploadSession, VersionInfo
 
-if TYPE_CHECKING:
-    from weightship.client import Client
+__all__ = ["PublishProgress", "PublishResult", "SilentProgress", "UploadAPI", "directory_size", "publish_directory"]
 
-__all__ = ["PublishProgress", "PublishResult", "SilentProgress", "directory_size", "publish_directory"]
+
+class UploadAPI(Protocol):
+    """The control-plane calls a publish makes; ``weightship.client.Client`` implements them.
+
+    Publishing depends on this, not on the client, so the client can import publishing (for
+    ``Client.publish_directory``) without a cycle, and a test can hand in any implementation.
+    """
+
+    def whoami(self) -> TokenInfo:
+        """The token in use: its name and role."""
+
+    def label_digest(self, model: str, label: str) -> str | None:
+        """The digest ``label`` of ``model`` names, or ``None`` while it is free."""
+
+    def get_manifest(self, model: str, ref: str) -> bytes:
+        """A version's manifest bytes exactly as stored."""
+
+    def create_upload(
+        self, manifest: bytes, labels: Sequence[str] = (), *, allow_pickle: bool = False
+    ) -> UploadSession:
+        """Open (or resume) the publish session of ``manifest``."""
+
+    def upload_part(self, part: PartUpload, data: bytes) -> None:
+        """PUT one part's bytes to its URL."""
+
+    def commit_upload(self, upload_id: str) -> VersionInfo:
+        """Ask the control plane to verify every blob and make the version ready."""
 
 
 class PublishProgress(Protocol):
@@ -132,7 +157,7 @@ _SMALL_FILE = 1 << 20
 
 
 def _preflight(
-    client: Client,
+    client: UploadAPI,
     root: Path,
     listing: DirectoryListing,
     model: str,
@@ -160,7 +185,7 @@ def _preflight(
 
 
 def _difference(
-    client: Client,
+    client: UploadAPI,
     root: Path,
     listing: DirectoryListing,
     model: str,
@@ -213,7 +238,7 @@ class _Uploader:
     """Uploads the missing parts of one session, in parallel, each retried with backoff."""
 
     def __init__(
-        self, client: Client, root: Path, manifest: Manifest, progress: PublishProgress, backoff: Backoff
+        self, client: UploadAPI, root: Path, manifest: Manifest, progress: PublishProgress, backoff: Backoff
     ) -> None:
         self.client = client
         self.backoff = backoff
@@ -286,7 +311,7 @@ class _Uploader:
 
 
 def publish_directory(
-    client: Client,
+    client: UploadAPI,
     root: Path,
     model: str,
     labels: Sequence[str] = (),
