@@ -58,8 +58,8 @@ from safetensors.numpy import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.config import parse_size
 from weightship.client import Client
+from weightship.sizes import parse_size
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN = "ws_bench-fetch-admin-token-0123456789abcdef"
