@@ -27,11 +27,11 @@ from agent.fetcher import Fetcher
 from agent.retention import Retention
 from agent.staging import Staging
 from agent.store import VersionStore
-from weightship.digests import format_digest, hex_of, sha256_hex
+from weightship.digests import hex_of
 from weightship.errors import IntegrityError, WeightshipError
 from weightship.layout import MANIFEST_FILE, META_DIR
 from weightship.logs import event
-from weightship.manifest import Manifest, parse_manifest
+from weightship.manifest import Manifest, manifest_bytes_match, parse_manifest
 
 __all__ = ["Assembler", "ManifestSource", "Progress"]
 
@@ -97,7 +97,7 @@ class Assembler:
         raw: bytes | None = None
         if staged.exists():
             raw = staged.read_bytes()
-            if format_digest(sha256_hex(raw)) != digest:
+            if not manifest_bytes_match(raw, digest):
                 raw = None
         if raw is None:
             raw = await self.manifests.manifest(model, digest)

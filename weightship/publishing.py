@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Protocol
 
 from weightship.backoff import Backoff
+from weightship.buffers import read_exact
 from weightship.chunks import DEFAULT_CHUNK_SIZE
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, ForbiddenError, IntegrityError, TemporaryError, WeightshipError
@@ -218,20 +219,14 @@ def _difference(
 
 
 def _read_part(path: Path, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``path`` at ``offset``; ``IntegrityError`` if the file is shorter now."""
+    buf = bytearray(length)
     fd = os.open(path, os.O_RDONLY)
     try:
-        pieces: list[bytes] = []
-        done = 0
-        # pread returns at most ~2 GiB per call on Linux, and less at end of file.
-        while done < length:
-            piece = os.pread(fd, length - done, offset + done)
-            if not piece:
-                break
-            pieces.append(piece)
-            done += len(piece)
-        return b"".join(pieces)
+        read_exact(fd, memoryview(buf), offset, str(path))
     finally:
         os.close(fd)
+    return bytes(buf)  # httpx sends bytes, not bytearray
 
 
 class _Uploader:
@@ -283,7 +278,10 @@ class _Uploader:
                 f"the control plane asked for blob {sha}, which is not in this manifest; "
                 "abort the upload session and publish again"
             )
-        data = _read_part(self.root / rel, part.offset, part.length)
+        try:
+            data = _read_part(self.root / rel, part.offset, part.length)
+        except IntegrityError:
+            data = b""
         if len(data) != part.length or hashlib.sha256(data).hexdigest() != part.sha256:
             raise IntegrityError(
                 f"{rel}: bytes {part.offset}-{part.offset + part.length} no longer match the digest hashed a moment "
