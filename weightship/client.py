@@ -85,7 +85,7 @@ class Client:
             advice="check the URL (--url / WEIGHTSHIP_URL) and that the control plane is running",
             transport=transport,
             timeout=timeout,
-            backoff=backoff,
+            backoff=backoff or Backoff(),
         )
         self.base_url = self.session.base_url
         self.token = self.session.token

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -36,7 +36,17 @@ from weightship.backoff import Backoff
 from weightship.errors import TemporaryError, WeightshipError
 from weightship.problems import error_from_response
 
-__all__ = ["VERSION", "AsyncSession", "Params", "Session", "parse", "parse_list", "segment"]
+__all__ = [
+    "VERSION",
+    "AsyncSession",
+    "Params",
+    "RequestOptions",
+    "Session",
+    "SessionOptions",
+    "parse",
+    "parse_list",
+    "segment",
+]
 
 try:
     VERSION = version("weightship")
@@ -46,6 +56,40 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 _T = TypeVar("_T", bound=BaseModel)
 Params = Mapping[str, str | int | float]
 Timeout = httpx.Timeout | float | None
+
+
+class SessionOptions(TypedDict, total=False):
+    """What ``Session`` and ``AsyncSession`` are configured with, besides URL, token and transport."""
+
+    #: names the server in messages ("the control plane")
+    service: str
+    #: what to check when it cannot be reached (a flag, an environment variable)
+    advice: str
+    #: seconds for each read, write and pool wait (default 30)
+    timeout: float
+    #: seconds to connect (default 10, never more than ``timeout``)
+    connect_timeout: float
+    #: the retry engine (default ``Backoff()``; ``Backoff(attempts=1)`` never retries)
+    backoff: Backoff
+    #: default ``weightship/<version>``
+    user_agent: str
+
+
+class RequestOptions(TypedDict, total=False):
+    """What one ``send`` may carry besides method and URL."""
+
+    #: a pydantic model sent as the JSON body
+    json: BaseModel | None
+    #: raw body bytes (part uploads)
+    content: bytes | None
+    headers: Mapping[str, str] | None
+    params: Params | None
+    #: this call's timeout (``read_timeout`` for long-polls); the session's when ``None``
+    timeout: Timeout
+    #: retry temporary failures; default: only GETs
+    retry: bool | None
+    #: a bearer token for this call instead of the session's
+    token: str | None
 
 
 def segment(value: str) -> str:
@@ -112,12 +156,12 @@ class _Core:
         base_url: str,
         token: str | None,
         *,
-        service: str,
-        advice: str,
-        timeout: float,
-        connect_timeout: float,
-        backoff: Backoff | None,
-        user_agent: str | None,
+        service: str = "the server",
+        advice: str = "check the URL and that the server is running",
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        backoff: Backoff | None = None,
+        user_agent: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token or None
@@ -148,13 +192,13 @@ class _Core:
         method: str,
         url: str,
         *,
-        json: BaseModel | None,
-        content: bytes | None,
-        headers: Mapping[str, str] | None,
-        params: Params | None,
-        timeout: Timeout,
-        retry: bool | None,
-        token: str | None,
+        json: BaseModel | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Params | None = None,
+        timeout: Timeout = None,
+        retry: bool | None = None,
+        token: str | None = None,
     ) -> _Prepared:
         target = self.resolve(url)
         all_headers = dict(headers or {})
@@ -194,40 +238,22 @@ class _Core:
 
 
 class Session(_Core):
-    """Synchronous requests to one server, with the shared error mapping and retries.
-
-    ``service`` names the server in messages ("the control plane"); ``advice`` says what to
-    check when it cannot be reached (a flag, an environment variable).
-    """
+    """Synchronous requests to one server, with the shared error mapping and retries."""
 
     def __init__(
         self,
         base_url: str,
         token: str | None = None,
         *,
-        service: str = "the server",
-        advice: str = "check the URL and that the server is running",
         transport: httpx.BaseTransport | None = None,
-        timeout: float = 30.0,
-        connect_timeout: float = 10.0,
-        backoff: Backoff | None = None,
-        user_agent: str | None = None,
         max_connections: int = 64,
+        **options: Unpack[SessionOptions],
     ) -> None:
-        super().__init__(
-            base_url,
-            token,
-            service=service,
-            advice=advice,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            backoff=backoff,
-            user_agent=user_agent,
-        )
+        super().__init__(base_url, token, **options)
         self._http = httpx.Client(
             base_url=self.base_url,
             transport=transport,
-            timeout=httpx.Timeout(timeout, connect=self.connect_timeout),
+            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
             headers={"User-Agent": self.user_agent},
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections // 2),
             follow_redirects=False,
@@ -237,35 +263,13 @@ class Session(_Core):
         """Close pooled connections."""
         self._http.close()
 
-    def send(
-        self,
-        method: str,
-        url: str,
-        *,
-        json: BaseModel | None = None,
-        content: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        params: Params | None = None,
-        timeout: Timeout = None,
-        retry: bool | None = None,
-        token: str | None = None,
-    ) -> httpx.Response:
+    def send(self, method: str, url: str, **options: Unpack[RequestOptions]) -> httpx.Response:
         """Send one request; return its 2xx response or raise the mapped ``WeightshipError``.
 
         ``url`` is a path under the base URL or an absolute URL. GETs are retried on temporary
         failures unless ``retry`` says otherwise; ``token`` replaces the session's for this call.
         """
-        request = self.prepare(
-            method,
-            url,
-            json=json,
-            content=content,
-            headers=headers,
-            params=params,
-            timeout=timeout,
-            retry=retry,
-            token=token,
-        )
+        request = self.prepare(method, url, **options)
 
         def once() -> httpx.Response:
             try:
@@ -285,28 +289,14 @@ class AsyncSession(_Core):
         base_url: str,
         token: str | None = None,
         *,
-        service: str = "the server",
-        advice: str = "check the URL and that the server is running",
         transport: httpx.AsyncBaseTransport | None = None,
-        timeout: float = 30.0,
-        connect_timeout: float = 10.0,
-        backoff: Backoff | None = None,
-        user_agent: str | None = None,
+        **options: Unpack[SessionOptions],
     ) -> None:
-        super().__init__(
-            base_url,
-            token,
-            service=service,
-            advice=advice,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            backoff=backoff,
-            user_agent=user_agent,
-        )
+        super().__init__(base_url, token, **options)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             transport=transport,
-            timeout=httpx.Timeout(timeout, connect=self.connect_timeout),
+            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
             headers={"User-Agent": self.user_agent},
             follow_redirects=False,
         )
@@ -315,31 +305,9 @@ class AsyncSession(_Core):
         """Close pooled connections."""
         await self._http.aclose()
 
-    async def send(
-        self,
-        method: str,
-        url: str,
-        *,
-        json: BaseModel | None = None,
-        content: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        params: Params | None = None,
-        timeout: Timeout = None,  # noqa: ASYNC109 - httpx's per-request timeout, not a deadline
-        retry: bool | None = None,
-        token: str | None = None,
-    ) -> httpx.Response:
+    async def send(self, method: str, url: str, **options: Unpack[RequestOptions]) -> httpx.Response:
         """Send one request; return its 2xx response or raise the mapped ``WeightshipError``."""
-        request = self.prepare(
-            method,
-            url,
-            json=json,
-            content=content,
-            headers=headers,
-            params=params,
-            timeout=timeout,
-            retry=retry,
-            token=token,
-        )
+        request = self.prepare(method, url, **options)
 
         async def once() -> httpx.Response:
             try:

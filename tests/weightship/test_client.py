@@ -86,7 +86,20 @@ def _error(status: int, code: str, message: str) -> httpx.Response:
             {"PublishProgress", "PublishResult", "SilentProgress", "UploadAPI", "directory_size", "publish_directory"},
         ),
         (weightship.problems, {"MAX_RETRY_AFTER", "error_from_response", "retry_after"}),
-        (weightship.http, {"VERSION", "AsyncSession", "Params", "Session", "parse", "parse_list", "segment"}),
+        (
+            weightship.http,
+            {
+                "VERSION",
+                "AsyncSession",
+                "Params",
+                "RequestOptions",
+                "Session",
+                "SessionOptions",
+                "parse",
+                "parse_list",
+                "segment",
+            },
+        ),
     ],
     ids=["client", "backoff", "publishing", "problems", "http"],
 )
