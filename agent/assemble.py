@@ -28,11 +28,11 @@ from agent.fetcher import Fetcher
 from agent.retention import Retention
 from agent.staging import Staging
 from agent.store import VersionStore
-from weightship.digests import format_digest, hex_of, sha256_hex
+from weightship.digests import hex_of
 from weightship.errors import IntegrityError, WeightshipError
 from weightship.layout import MANIFEST_FILE, META_DIR
 from weightship.logs import event
-from weightship.manifest import Manifest, parse_manifest
+from weightship.manifest import Manifest, manifest_bytes_match, parse_manifest
 
 __all__ = ["Assembler", "ManifestSource", "Progress"]
 
@@ -192,4 +192,4 @@ def _read_staged_manifest(path: Path, digest: str) -> bytes | None:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    return raw if format_digest(sha256_hex(raw)) == digest else None
+    return raw if manifest_bytes_match(raw, digest) else None

@@ -29,25 +29,12 @@ from typing import Any
 from weightship.errors import ValidationError
 from weightship.manifest import check_model_name
 from weightship.schemas import NodeLabels
+from weightship.sizes import parse_size
 
-__all__ = ["ENV_PREFIX", "AgentConfig", "build_parser", "load_config", "parse_size"]
+__all__ = ["ENV_PREFIX", "AgentConfig", "build_parser", "load_config"]
 
 ENV_PREFIX = "WEIGHTSHIP_AGENT_"
 LABEL_KEYS = ("region", "cluster", "zone", "rack", "gpu_type")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from ``"20GiB"``, ``"500M"``, ``"1048576"`` or an int."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise ValidationError(f"size {text!r} is not a number of bytes with an optional unit such as 500MiB or 20GB")
-    number, unit, binary = match.groups()
-    base = 1024 if binary or unit == "" else 1000
-    return int(float(number) * base ** _POWERS[unit.upper()])
 
 
 def _default_name() -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from weightship.buffers import read_exact
 from weightship.digests import format_digest, hex_of, sha256_hex, sha256_stream
 from weightship.errors import IntegrityError
 from weightship.layout import read_verification, read_version_manifest
@@ -43,12 +44,10 @@ def verify_chunk(data: bytes | bytearray | memoryview, expected_hex: str, what: 
 def read_matches(fd: int, offset: int, length: int, expected_hex: str, buf: bytearray) -> bool:
     """Whether the ``length`` bytes at ``offset`` of ``fd`` hash to ``expected_hex`` (read into ``buf``)."""
     view = memoryview(buf)[:length]
-    done = 0
-    while done < length:
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n == 0:
-            return False
-        done += n
+    try:
+        read_exact(fd, view, offset)
+    except IntegrityError:  # shorter than the manifest says: not the bytes we want
+        return False
     return chunk_matches(view, expected_hex)
 
 

@@ -52,7 +52,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,31 +61,14 @@ from safetensors.numpy import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.config import parse_size
 from weightship.client import Client
+from weightship.sizes import parse_size
+from weightship.testing import eventually as wait_until
+from weightship.testing import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN = "ws_bench-fetch-admin-token-0123456789abcdef"
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(probe: Callable[[], Any], seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            result = probe()
-            if result:
-                return result
-        except (httpx.HTTPError, OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.02)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def p99(samples: list[float]) -> float:

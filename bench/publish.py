@@ -41,6 +41,7 @@ from controlplane.store.parts import b64_of_hex, plan_parts, verify_stored
 from weightship.chunks import chunk_ranges
 from weightship.digests import sha256_hex
 from weightship.manifest import FileEntry, build_manifest
+from weightship.testing import free_port
 
 
 def _write_files(root: Path, total: int, files: int) -> list[Path]:
@@ -69,9 +70,7 @@ def _best(fn: object, repeat: int) -> float:
 
 
 def _moto() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

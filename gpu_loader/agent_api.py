@@ -3,8 +3,11 @@
 The routes are the ones ``weightship.schemas`` documents under ``/local/v1``: what to serve for a
 deployment, a long-poll for the next pointer epoch (204 when nothing changed before the
 timeout), and the validation report of a loaded version. The agent listens on localhost or on
-a unix socket (``unix:/path/agent.sock``). httpx errors are mapped to ``AgentUnavailableError``
-(retry later) at this boundary; callers never see an httpx exception.
+a unix socket (``unix:/path/agent.sock``). Requests go through the shared HTTP core
+(``weightship.http.AsyncSession``): the agent's error answers map to our errors by their code
+(``NotFoundError`` for an unknown deployment, and so on); a refused connection, a timeout or a
+5xx becomes ``AgentUnavailableError`` (retry later), carrying the agent's ``Retry-After``.
+Nothing here retries by itself: ``serve.follow`` owns the loop and its backoff.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import httpx
 from gpu_loader.errors import AgentUnavailableError
 from gpu_loader.loader import LoadStats
 from gpu_loader.validation import ValidationOutcome
-from weightship.errors import NotFoundError, ValidationError
+from weightship.backoff import Backoff
+from weightship.errors import TemporaryError
+from weightship.http import AsyncSession, Params, parse, segment
 from weightship.schemas import LocalDeployment, ValidationCheck, ValidationReport
 
 __all__ = ["LocalAgent", "validation_report"]
@@ -32,7 +37,15 @@ class LocalAgent:
         else:
             base_url = address.rstrip("/")
         self.address = address
-        self._client = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=httpx.Timeout(10.0))
+        self._session = AsyncSession(
+            base_url,
+            service=f"the agent at {address}",
+            advice="check that the agent runs on this host and that --agent names its local API",
+            transport=transport,
+            timeout=10.0,
+            backoff=Backoff(attempts=1),
+            user_agent="weightship-serve",
+        )
 
     async def _request(
         self,
@@ -40,54 +53,39 @@ class LocalAgent:
         path: str,
         *,
         seconds: float = 10.0,
-        params: dict[str, str | int | float] | None = None,
-        body: bytes | None = None,
+        params: Params | None = None,
+        body: ValidationReport | None = None,
     ) -> httpx.Response:
-        headers = {"content-type": "application/json"} if body is not None else None
         try:
-            response = await self._client.request(
-                method, path, timeout=seconds, params=params, content=body, headers=headers
+            return await self._session.send(
+                method, path, json=body, params=params, timeout=self._session.read_timeout(seconds)
             )
-        except httpx.HTTPError as exc:
-            raise AgentUnavailableError(
-                f"agent at {self.address} did not answer {method} {path}: {exc!r}", delay=1.0
-            ) from None
-        if response.status_code == 404:
-            raise NotFoundError(f"agent at {self.address}: {method} {path} -> 404 {response.text[:200]}")
-        if 400 <= response.status_code < 500:
-            raise ValidationError(
-                f"agent at {self.address} refused {method} {path}: {response.status_code} {response.text[:200]}"
-            )
-        if response.status_code >= 500:
-            raise AgentUnavailableError(
-                f"agent at {self.address}: {method} {path} -> {response.status_code}", delay=2.0
-            )
-        return response
+        except TemporaryError as exc:
+            raise AgentUnavailableError(exc.message, delay=max(exc.delay, 1.0)) from None
 
     async def deployment(self, name: str) -> LocalDeployment:
         """What this host should serve for deployment ``name`` now."""
-        response = await self._request("GET", f"/local/v1/deployments/{name}")
-        return LocalDeployment.model_validate_json(response.content)
+        return parse(LocalDeployment, await self._request("GET", f"/local/v1/deployments/{segment(name)}"))
 
     async def wait(self, name: str, after_epoch: int, seconds: float) -> LocalDeployment | None:
         """The deployment once its epoch exceeds ``after_epoch``; ``None`` if ``seconds`` pass first."""
         response = await self._request(
             "GET",
-            f"/local/v1/deployments/{name}/wait",
+            f"/local/v1/deployments/{segment(name)}/wait",
             params={"after_epoch": after_epoch, "timeout": seconds},
             seconds=seconds + 10.0,
         )
         if response.status_code == 204:
             return None
-        return LocalDeployment.model_validate_json(response.content)
+        return parse(LocalDeployment, response)
 
     async def report(self, report: ValidationReport) -> None:
         """Send a validation report; the agent forwards it to the control plane."""
-        await self._request("POST", "/local/v1/validation", body=report.model_dump_json().encode())
+        await self._request("POST", "/local/v1/validation", body=report)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self._client.aclose()
+        await self._session.aclose()
 
 
 def validation_report(

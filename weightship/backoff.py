@@ -1,15 +1,18 @@
-"""Retrying temporary failures: capped exponential backoff with jitter.
+"""The one retry engine: capped exponential backoff with jitter, driven by the error's kind.
 
-``TemporaryError`` means "retry later"; everything else is final. A ``TemporaryError`` may carry
-the server's hint (``Retry-After``) as ``delay``; the wait is the larger of that hint and the
-exponential step, never more than ``cap``. ``sleep`` is injectable so tests never wait.
+``TemporaryError`` means "retry later"; ``PermanentError`` (and any other error) is final and
+stops the retries at once. A ``TemporaryError`` may carry the server's hint (``Retry-After``) as
+``delay``; the wait is the larger of that hint and the exponential step, never more than ``cap``.
+``Backoff.run`` drives a synchronous call, ``Backoff.run_async`` a coroutine; both sleeps are
+injectable so tests never wait.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -38,6 +41,7 @@ class Backoff:
     base: float = 0.25
     cap: float = 8.0
     sleep: Callable[[float], None] = time.sleep
+    async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def delay(self, attempt: int, error: WeightshipError) -> float:
         """Seconds to wait before retry ``attempt`` (1-based) after ``error``."""
@@ -45,7 +49,7 @@ class Backoff:
         hinted = error.delay if isinstance(error, TemporaryError) else 0.0
         return max(min(hinted, self.cap), exponential * random.uniform(0.5, 1.0))
 
-    def run(self, call: Callable[[], _R], retryable: Callable[[WeightshipError], bool]) -> _R:
+    def run(self, call: Callable[[], _R], retryable: Callable[[WeightshipError], bool] = is_temporary) -> _R:
         """``call()``, retried while it raises a ``retryable`` error and attempts remain."""
         attempt = 1
         while True:
@@ -55,6 +59,20 @@ class Backoff:
                 if attempt >= self.attempts or not retryable(exc):
                     raise
                 self.sleep(self.delay(attempt, exc))
+                attempt += 1
+
+    async def run_async(
+        self, call: Callable[[], Awaitable[_R]], retryable: Callable[[WeightshipError], bool] = is_temporary
+    ) -> _R:
+        """``await call()``, retried like ``run`` but sleeping with ``async_sleep``."""
+        attempt = 1
+        while True:
+            try:
+                return await call()
+            except WeightshipError as exc:
+                if attempt >= self.attempts or not retryable(exc):
+                    raise
+                await self.async_sleep(self.delay(attempt, exc))
                 attempt += 1
 
 

@@ -5,21 +5,28 @@ A version has one chunk size (a power of two). Chunk ``i`` of a file is the byte
 file has no chunks. Hashing reads each file once: a reader thread per file fills a buffer with one
 chunk, feeds the whole-file SHA-256 and hands the buffer to a pool that computes the chunk's
 SHA-256. ``hashlib`` drops the GIL on large updates, so the threads use every core.
+
+Every buffer comes from one ``BufferPool`` for the whole job, so hashing holds at most
+``memory`` bytes of buffers (``DEFAULT_HASH_MEMORY``, or one chunk if a chunk is larger),
+however many cores, readers and files there are: a reader waits for a buffer instead of
+allocating one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from weightship.buffers import BufferPool, read_exact
+
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_HASH_MEMORY",
     "MAX_CHUNK_SIZE",
     "MIN_CHUNK_SIZE",
     "FileDigests",
@@ -32,6 +39,8 @@ __all__ = [
 DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024
 MIN_CHUNK_SIZE = 64 * 1024
 MAX_CHUNK_SIZE = 4 * 1024 * 1024 * 1024
+#: Most bytes of buffers one hashing job holds (at least one chunk's worth).
+DEFAULT_HASH_MEMORY = 1024 * 1024 * 1024
 
 #: Called with the number of bytes just hashed; must be thread-safe.
 Progress = Callable[[int], None]
@@ -62,15 +71,6 @@ class FileDigests:
     chunks: tuple[str, ...]
 
 
-def _read_exact(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n == 0:
-            raise OSError(f"file shrank while reading at offset {offset + done}")
-        done += n
-
-
 def _sha256(view: memoryview) -> str:
     return hashlib.sha256(view).hexdigest()
 
@@ -79,7 +79,7 @@ def _hash_one(
     path: Path,
     chunk_size: int,
     pool: ThreadPoolExecutor,
-    buffers: queue.Queue[bytearray],
+    buffers: BufferPool,
     progress: Progress | None,
 ) -> FileDigests:
     fd = os.open(path, os.O_RDONLY)
@@ -89,9 +89,13 @@ def _hash_one(
         futures: list[Future[str]] = []
         single = size <= chunk_size
         for start, end in chunk_ranges(size, chunk_size):
-            buf = buffers.get()
+            buf = buffers.acquire()
             view = memoryview(buf)[: end - start]
-            _read_exact(fd, view, start)
+            try:
+                read_exact(fd, view, start, str(path))
+            except BaseException:
+                buffers.release(buf)
+                raise
             if single:
                 futures.append(pool.submit(_sha256, view))
             else:
@@ -102,8 +106,10 @@ def _hash_one(
             if progress is not None:
                 progress(end - start)
             if single:
-                digest = futures[0].result()
-                buffers.put(buf)
+                try:
+                    digest = futures[0].result()
+                finally:
+                    buffers.release(buf)
                 return FileDigests(size=size, sha256=digest, chunks=(digest,))
         chunks = tuple(f.result() for f in futures)
         return FileDigests(size=size, sha256=whole.hexdigest(), chunks=chunks)
@@ -111,11 +117,11 @@ def _hash_one(
         os.close(fd)
 
 
-def _hash_and_release(view: memoryview, buf: bytearray, buffers: queue.Queue[bytearray]) -> str:
+def _hash_and_release(view: memoryview, buf: bytearray, buffers: BufferPool) -> str:
     try:
         return _sha256(view)
     finally:
-        buffers.put(buf)
+        buffers.release(buf)
 
 
 def hash_files(
@@ -123,17 +129,22 @@ def hash_files(
     chunk_size: int,
     workers: int | None = None,
     progress: Progress | None = None,
+    *,
+    memory: int = DEFAULT_HASH_MEMORY,
+    buffers: BufferPool | None = None,
 ) -> list[FileDigests]:
     """Digests of each file in ``paths``, in order, reading every byte once.
 
-    Memory is bounded by ``2 * workers + files in flight`` chunk-sized buffers.
+    Buffers come from ``buffers``, or from a pool of at most ``memory`` bytes (at least one
+    chunk): enough for every worker and reader to be busy when memory allows, fewer otherwise.
     """
     workers = workers or os.cpu_count() or 1
     readers = max(1, min(len(paths), workers))
-    largest = max((p.stat().st_size for p in paths), default=0)
-    buffers: queue.Queue[bytearray] = queue.Queue()
-    for _ in range(2 * workers + readers):
-        buffers.put(bytearray(max(1, min(chunk_size, largest))))
+    needed = max(1, min(chunk_size, max((p.stat().st_size for p in paths), default=0)))
+    if buffers is None:
+        buffers = BufferPool.within(memory, needed, 2 * workers + readers)
+    elif buffers.size < needed:
+        raise ValueError(f"hash buffers of {buffers.size} bytes cannot hold a {needed}-byte chunk")
     lock = threading.Lock()
     safe_progress: Progress | None = None
     if progress is not None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -35,19 +34,18 @@ from rich.text import Text
 from weightship import display
 from weightship.chunks import DEFAULT_CHUNK_SIZE
 from weightship.client import DEFAULT_URL, Backoff, Client
-from weightship.digests import format_digest, sha256_hex
 from weightship.errors import (
     AuthError,
     ConflictError,
     ForbiddenError,
-    IntegrityError,
     PreconditionFailed,
     TemporaryError,
     ValidationError,
     WeightshipError,
 )
-from weightship.manifest import parse_manifest
+from weightship.manifest import check_manifest_bytes, parse_manifest
 from weightship.schemas import Role
+from weightship.sizes import parse_size
 
 __all__ = ["EXIT_CODES", "CliSeams", "app", "main"]
 
@@ -170,16 +168,12 @@ def _jsonable(data: Any) -> Any:
     return data
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
 def _parse_size(text: str) -> int:
-    """``64MiB``, ``64M``, ``1g``, ``65536`` -> bytes (binary units: sizes here are powers of two)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a size; write it like 65536, 64KiB, 64MiB or 1GiB")
-    number, unit = int(match.group(1)), match.group(2).lower()
-    return number * (1 << (10 * " kmgt".index(unit or " ")))
+    """``64MiB``, ``64M``, ``1g``, ``65536`` -> bytes, through the one size parser (binary units)."""
+    try:
+        return parse_size(text)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.message) from None
 
 
 def _split_ref(text: str) -> tuple[str, str]:
@@ -287,12 +281,12 @@ def show(
     with run.client() as client:
         version = client.get_version(model, version_ref)
         raw = client.get_manifest(model, version.digest)
-    actual = format_digest(sha256_hex(raw))
-    if actual != version.digest:
-        raise IntegrityError(
-            f"the manifest served for {model}@{version_ref} hashes to {actual}, not {version.digest}: "
-            "do not deploy it, and report this control plane as corrupt"
-        )
+    check_manifest_bytes(
+        raw,
+        version.digest,
+        f"the manifest served for {model}@{version_ref}",
+        "do not deploy it, and report this control plane as corrupt",
+    )
     manifest = parse_manifest(raw)
     data = {"version": version, "manifest": manifest.to_json()}
     _out(run, data, lambda: _group(display.version_table(version), display.manifest_table(manifest)))

@@ -1,50 +1,31 @@
-"""The REST client of the control plane: one typed method per route, errors mapped to ours.
+"""The REST client of the control plane: one typed method per route, built on the HTTP core.
 
-``Client`` wraps a synchronous ``httpx.Client``. Its test seam is the ``transport`` argument
-(an ``httpx.MockTransport`` in unit tests, the default network transport otherwise), never
-monkey-patching. Every non-2xx answer becomes a ``WeightshipError`` subclass chosen from the
-``ErrorBody`` code and the HTTP status (``errors.py``), and every ``httpx`` failure (refused
-connection, timeout) becomes a ``TemporaryError`` that names the URL and says what to check, so
-callers catch our errors, never a library's.
+``Client`` wraps a synchronous ``weightship.http.Session``: the token goes only to the control
+plane's own origin (part uploads may go straight to S3 on presigned URLs, which carry their own
+signature), every non-2xx answer becomes a ``WeightshipError`` subclass through the one error
+mapping (``weightship.problems``: problem details, the older error body, S3's XML), and a refused
+connection or timeout becomes a ``TemporaryError`` that names the URL and the flag to check. Its
+test seam is the ``transport`` argument (an ``httpx.MockTransport`` in unit tests).
 
 Reads (GET) are retried with capped exponential backoff on temporary failures; writes are not,
 because repeating a write whose answer was lost is not always harmless (a pointer update would
-come back 412). ``publish_directory`` runs the whole upload protocol (``publishing.py``).
-
-The bearer token is sent only to the control plane's own origin: part uploads may go straight to
-S3 on presigned URLs, which carry their own signature and must not see our token.
+come back 412). ``publish_directory`` runs the whole upload protocol (``publishing.py``), which
+needs only the ``UploadAPI`` methods this client implements.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
-from pydantic import ValidationError as PydanticValidationError
+from pydantic import BaseModel
 
-from weightship.backoff import Backoff, is_temporary
+from weightship.backoff import Backoff
 from weightship.chunks import DEFAULT_CHUNK_SIZE
-from weightship.errors import (
-    AuthError,
-    ConflictError,
-    DiskFullError,
-    ForbiddenError,
-    IntegrityError,
-    ManifestError,
-    NotFoundError,
-    PreconditionFailed,
-    PreconditionRequired,
-    StoreError,
-    TemporaryError,
-    ValidationError,
-    WeightshipError,
-)
+from weightship.errors import NotFoundError
+from weightship.http import Params, Session, parse, parse_list, segment
 from weightship.publishing import PublishProgress, PublishResult, publish_directory
 from weightship.schemas import (
     BlobURLRequest,
@@ -53,7 +34,6 @@ from weightship.schemas import (
     DeploymentCreate,
     DeploymentStatus,
     DesiredState,
-    ErrorBody,
     LabelCreate,
     ModelInfo,
     NodeEnrolment,
@@ -74,101 +54,10 @@ from weightship.schemas import (
     VersionInfo,
 )
 
-__all__ = [
-    "DEFAULT_URL",
-    "Backoff",
-    "Client",
-    "error_from_response",
-]
+__all__ = ["DEFAULT_URL", "Backoff", "Client"]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-try:
-    _VERSION = version("weightship")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    _VERSION = "0+unknown"
 _T = TypeVar("_T", bound=BaseModel)
-
-#: Error classes by the ``code`` of an ``ErrorBody``; the most specific answer wins.
-_BY_CODE: dict[str, type[WeightshipError]] = {
-    cls.code: cls
-    for cls in (
-        ValidationError,
-        ManifestError,
-        IntegrityError,
-        NotFoundError,
-        ConflictError,
-        PreconditionFailed,
-        PreconditionRequired,
-        AuthError,
-        ForbiddenError,
-        StoreError,
-        TemporaryError,
-        DiskFullError,
-    )
-}
-#: Error classes by HTTP status, for bodies without a known code (proxies, S3, older servers).
-_BY_STATUS: dict[int, type[WeightshipError]] = {
-    400: ValidationError,
-    401: AuthError,
-    403: ForbiddenError,
-    404: NotFoundError,
-    409: ConflictError,
-    412: PreconditionFailed,
-    413: ValidationError,
-    422: ValidationError,
-    428: PreconditionRequired,
-    429: TemporaryError,
-    502: StoreError,
-    503: TemporaryError,
-    504: TemporaryError,
-    507: DiskFullError,
-}
-#: S3 error codes that mean the bytes did not match the checksum we sent.
-_S3_INTEGRITY_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
-_XML_FIELD = re.compile(r"<(Code|Message)>([^<]*)</\1>")
-
-
-def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
-    """The ``WeightshipError`` that a non-2xx ``response`` to ``what`` (e.g. ``GET /v1/x``) means.
-
-    Reads our ``ErrorBody`` first, then S3's XML error document, then falls back to the status.
-    """
-    status = response.status_code
-    cls: type[WeightshipError] | None = None
-    message = ""
-    try:
-        body = ErrorBody.model_validate_json(response.content)
-        cls = _BY_CODE.get(body.error.code)
-        message = body.error.message
-    except PydanticValidationError:
-        text = response.text.strip()
-        fields = dict(_XML_FIELD.findall(text)) if text.startswith("<") else {}
-        if fields:
-            if fields.get("Code") in _S3_INTEGRITY_CODES:
-                cls = IntegrityError
-            message = f"{what} answered {status} {fields.get('Code', '')}: {fields.get('Message', '')}".strip()
-        else:
-            snippet = text[:200] or response.reason_phrase
-            message = f"{what} answered HTTP {status}: {snippet}"
-            if status >= 500:
-                message += "; the server failed without saying why: check its log, then retry"
-            elif status in (404, 405):
-                message += "; no such route: check that the URL names a weightship control plane of this version"
-    if cls is None:
-        cls = _BY_STATUS.get(status)
-    if cls is None:
-        cls = TemporaryError if status >= 500 else WeightshipError
-    if cls is TemporaryError:
-        return TemporaryError(message, delay=_retry_after(response))
-    return cls(message)
-
-
-def _retry_after(response: httpx.Response) -> float:
-    """The server's ``Retry-After`` in seconds (capped at a minute); 0 when it gave none."""
-    try:
-        return max(0.0, min(float(response.headers.get("retry-after", "0")), 60.0))
-    except ValueError:  # an HTTP date: rare from our servers, so just back off normally
-        return 0.0
 
 
 class Client:
@@ -189,19 +78,19 @@ class Client:
         timeout: float = 30.0,
         backoff: Backoff | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.token = token or None
-        self.backoff = backoff or Backoff()
-        self.timeout = timeout
-        self._origin = httpx.URL(self.base_url + "/")
-        self._http = httpx.Client(
-            base_url=self.base_url,
+        self.session = Session(
+            base_url,
+            token,
+            service="the control plane",
+            advice="check the URL (--url / WEIGHTSHIP_URL) and that the control plane is running",
             transport=transport,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            headers={"User-Agent": f"weightship/{_VERSION}"},
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-            follow_redirects=False,
+            timeout=timeout,
+            backoff=backoff or Backoff(),
         )
+        self.base_url = self.session.base_url
+        self.token = self.session.token
+        self.backoff = self.session.backoff
+        self.timeout = timeout
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -213,84 +102,13 @@ class Client:
 
     def close(self) -> None:
         """Close pooled connections."""
-        self._http.close()
-
-    def resolve(self, url: str) -> httpx.URL:
-        """``url`` made absolute: paths are relative to the API base URL."""
-        if url.startswith(("http://", "https://")):
-            return httpx.URL(url)
-        return httpx.URL(self.base_url + "/" + url.lstrip("/"))
-
-    def _is_ours(self, url: httpx.URL) -> bool:
-        return (url.scheme, url.host, url.port) == (self._origin.scheme, self._origin.host, self._origin.port)
-
-    def send(
-        self,
-        method: str,
-        url: str,
-        *,
-        json: BaseModel | None = None,
-        content: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        params: dict[str, str | int | float] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        retry: bool | None = None,
-    ) -> httpx.Response:
-        """Send one request and return its 2xx response, or raise the mapped ``WeightshipError``.
-
-        ``url`` is a path under the API base or an absolute URL; the token goes only to the API's
-        own origin. GETs are retried on temporary failures unless ``retry`` says otherwise.
-        """
-        target = self.resolve(url)
-        all_headers = dict(headers or {})
-        if self.token and self._is_ours(target):
-            all_headers["Authorization"] = f"Bearer {self.token}"
-        body = content
-        if json is not None:
-            body = json.model_dump_json(exclude_unset=False).encode("utf-8")
-            all_headers["Content-Type"] = "application/json"
-        what = f"{method} {target.copy_with(query=None)}"
-
-        def once() -> httpx.Response:
-            try:
-                response = self._http.request(
-                    method,
-                    target,
-                    content=body,
-                    headers=all_headers,
-                    params=params,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-            except httpx.TimeoutException as exc:
-                raise TemporaryError(
-                    f"{what} timed out ({type(exc).__name__}); the control plane or store is slow or "
-                    "unreachable: check it is running and retry"
-                ) from None
-            except httpx.TransportError as exc:
-                advice = (
-                    "check the URL (--url / WEIGHTSHIP_URL) and that the control plane is running"
-                    if self._is_ours(target)
-                    else "check that this machine can reach the object store"
-                )
-                raise TemporaryError(f"cannot reach {target.host}:{target.port} for {what}: {exc}; {advice}") from None
-            if response.is_success:
-                return response
-            raise error_from_response(response, what)
-
-        should_retry = method == "GET" if retry is None else retry
-        if not should_retry:
-            return once()
-        return self.backoff.run(once, is_temporary)
+        self.session.close()
 
     def _get(self, path: str, schema: type[_T], **params: str | int | float) -> _T:
-        return _parse(schema, self.send("GET", path, params=params or None))
+        return parse(schema, self.session.send("GET", path, params=params or None))
 
-    def _list(self, path: str, schema: type[_T], params: dict[str, str | int | float] | None = None) -> list[_T]:
-        response = self.send("GET", path, params=params)
-        try:
-            return TypeAdapter(list[schema]).validate_json(response.content)  # type: ignore[valid-type]
-        except PydanticValidationError as exc:
-            raise _bad_answer(path, exc) from None
+    def _list(self, path: str, schema: type[_T], params: Params | None = None) -> list[_T]:
+        return parse_list(schema, self.session.send("GET", path, params=params))
 
     # --- publishing ---------------------------------------------------------------------------
 
@@ -300,26 +118,27 @@ class Client:
         """Open (or resume) the publish session of a manifest given as its canonical bytes."""
         request = UploadCreate(manifest=manifest.decode("utf-8"), labels=list(labels), allow_pickle=allow_pickle)
         # Opening is idempotent by design (same manifest -> same session), so it may be retried.
-        return _parse(UploadSession, self.send("POST", "/v1/uploads", json=request, retry=True))
+        return parse(UploadSession, self.session.send("POST", "/v1/uploads", json=request, retry=True))
 
     def get_upload(self, upload_id: str) -> UploadSession:
         """A publish session, with fresh part URLs and which parts are done."""
-        return self._get(f"/v1/uploads/{_seg(upload_id)}", UploadSession)
+        return self._get(f"/v1/uploads/{segment(upload_id)}", UploadSession)
 
     def upload_part(self, part: PartUpload, data: bytes) -> None:
         """PUT one part's bytes to its URL with the headers the session asked for (no retry here)."""
-        self.send("PUT", part.url, content=data, headers=dict(part.headers), retry=False)
+        self.session.send("PUT", part.url, content=data, headers=dict(part.headers), retry=False)
 
     def commit_upload(self, upload_id: str) -> VersionInfo:
         """Ask the control plane to verify every blob and make the version ready."""
         # The server may re-hash every byte before answering, so reading may take long.
-        timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0), read=3600.0)
-        response = self.send("POST", f"/v1/uploads/{_seg(upload_id)}/commit", timeout=timeout)
-        return _parse(VersionInfo, response)
+        response = self.session.send(
+            "POST", f"/v1/uploads/{segment(upload_id)}/commit", timeout=self.session.read_timeout(3600.0)
+        )
+        return parse(VersionInfo, response)
 
     def abort_upload(self, upload_id: str) -> None:
         """Abandon a publish session; uploaded parts are discarded."""
-        self.send("DELETE", f"/v1/uploads/{_seg(upload_id)}")
+        self.session.send("DELETE", f"/v1/uploads/{segment(upload_id)}")
 
     def publish_directory(
         self,
@@ -361,15 +180,15 @@ class Client:
 
     def list_versions(self, model: str) -> list[VersionInfo]:
         """Every ready version of ``model``."""
-        return self._list(f"/v1/models/{_seg(model)}/versions", VersionInfo)
+        return self._list(f"/v1/models/{segment(model)}/versions", VersionInfo)
 
     def get_version(self, model: str, ref: str) -> VersionInfo:
         """One version of ``model`` by label or ``sha256:`` digest."""
-        return self._get(f"/v1/models/{_seg(model)}/versions/{_seg(ref)}", VersionInfo)
+        return self._get(f"/v1/models/{segment(model)}/versions/{segment(ref)}", VersionInfo)
 
     def get_manifest(self, model: str, ref: str) -> bytes:
         """The manifest bytes of a version exactly as stored (hash them to check the digest)."""
-        return self.send("GET", f"/v1/models/{_seg(model)}/versions/{_seg(ref)}/manifest").content
+        return self.session.send("GET", f"/v1/models/{segment(model)}/versions/{segment(ref)}/manifest").content
 
     def label_digest(self, model: str, label: str) -> str | None:
         """The digest ``label`` of ``model`` names, or ``None`` while it is free (also when the model is new)."""
@@ -381,14 +200,14 @@ class Client:
     def add_label(self, model: str, label: str, digest: str) -> VersionInfo:
         """Attach ``label`` to a ready version; labels never move once set."""
         body = LabelCreate(label=label, digest=digest)
-        return _parse(VersionInfo, self.send("POST", f"/v1/models/{_seg(model)}/labels", json=body))
+        return parse(VersionInfo, self.session.send("POST", f"/v1/models/{segment(model)}/labels", json=body))
 
     # --- deployments ---------------------------------------------------------------------------
 
     def create_deployment(self, name: str, model: str) -> Deployment:
         """Create a deployment of ``model``; it serves nothing until its pointer is set."""
         body = DeploymentCreate(name=name, model=model)
-        return _parse(Deployment, self.send("POST", "/v1/deployments", json=body))
+        return parse(Deployment, self.session.send("POST", "/v1/deployments", json=body))
 
     def list_deployments(self) -> list[Deployment]:
         """Every deployment's pointer."""
@@ -396,7 +215,7 @@ class Client:
 
     def get_deployment(self, name: str) -> Deployment:
         """A deployment's pointer; its ``epoch`` is the value to send back as ``expected_epoch``."""
-        return self._get(f"/v1/deployments/{_seg(name)}", Deployment)
+        return self._get(f"/v1/deployments/{segment(name)}", Deployment)
 
     def set_pointer(
         self,
@@ -413,10 +232,10 @@ class Client:
         Raises ``PreconditionFailed`` when someone else changed it first: re-read and retry.
         """
         body = PointerUpdate(stable=stable, canary=canary, canary_share=canary_share, reason=reason)
-        response = self.send(
-            "PUT", f"/v1/deployments/{_seg(name)}/pointer", json=body, headers={"If-Match": f'"{expected_epoch}"'}
+        response = self.session.send(
+            "PUT", f"/v1/deployments/{segment(name)}/pointer", json=body, headers={"If-Match": f'"{expected_epoch}"'}
         )
-        return _parse(Deployment, response)
+        return parse(Deployment, response)
 
     def rollback(
         self, name: str, *, to: str | None = None, reason: str = "", expected_epoch: int | None = None
@@ -424,8 +243,9 @@ class Client:
         """Point ``name`` back at its previous stable version, or at ``to`` (label or digest)."""
         headers = {"If-Match": f'"{expected_epoch}"'} if expected_epoch is not None else None
         body = RollbackRequest(to=to, reason=reason)
-        return _parse(
-            Deployment, self.send("POST", f"/v1/deployments/{_seg(name)}/rollback", json=body, headers=headers)
+        return parse(
+            Deployment,
+            self.session.send("POST", f"/v1/deployments/{segment(name)}/rollback", json=body, headers=headers),
         )
 
     def history(self, name: str, *, limit: int = 100, before_epoch: int | None = None) -> list[PointerEvent]:
@@ -433,39 +253,41 @@ class Client:
         params: dict[str, str | int | float] = {"limit": limit}
         if before_epoch is not None:
             params["before_epoch"] = before_epoch
-        return self._list(f"/v1/deployments/{_seg(name)}/history", PointerEvent, params)
+        return self._list(f"/v1/deployments/{segment(name)}/history", PointerEvent, params)
 
     def deployment_status(self, name: str) -> DeploymentStatus:
         """How each version of ``name`` stands across the fleet."""
-        return self._get(f"/v1/deployments/{_seg(name)}/status", DeploymentStatus)
+        return self._get(f"/v1/deployments/{segment(name)}/status", DeploymentStatus)
 
     # --- fleet ---------------------------------------------------------------------------------
 
     def enrol_node(self, request: NodeEnrolRequest) -> NodeEnrolment:
         """Enrol a node (enrolment token); the answer holds its node token, shown once."""
-        return _parse(NodeEnrolment, self.send("POST", "/v1/nodes/enrol", json=request))
+        return parse(NodeEnrolment, self.session.send("POST", "/v1/nodes/enrol", json=request))
 
     def register_node(self, registration: NodeRegistration) -> NodeInfo:
         """Re-register a node, with its own node token."""
-        return _parse(NodeInfo, self.send("POST", "/v1/nodes/register", json=registration, retry=True))
+        return parse(NodeInfo, self.session.send("POST", "/v1/nodes/register", json=registration, retry=True))
 
     def heartbeat(self, node_id: str, heartbeat: NodeHeartbeat) -> None:
         """Report a node's inventory, what it serves, its counters and health."""
-        self.send("POST", f"/v1/nodes/{_seg(node_id)}/heartbeat", json=heartbeat, retry=True)
+        self.session.send("POST", f"/v1/nodes/{segment(node_id)}/heartbeat", json=heartbeat, retry=True)
 
     def desired_state(self, node_id: str, *, after: str | None = None, wait: float = 0.0) -> DesiredState:
         """A node's desired state; with ``after`` and ``wait``, long-poll until it moves past ``after``."""
         params: dict[str, str | int | float] = {"wait": wait}
         if after is not None:
             params["after"] = after
-        timeout = httpx.Timeout(self.timeout + wait, connect=min(self.timeout, 10.0))
-        response = self.send("GET", f"/v1/nodes/{_seg(node_id)}/desired", params=params, timeout=timeout, retry=False)
-        return _parse(DesiredState, response)
+        timeout = self.session.read_timeout(self.timeout + wait)
+        response = self.session.send(
+            "GET", f"/v1/nodes/{segment(node_id)}/desired", params=params, timeout=timeout, retry=False
+        )
+        return parse(DesiredState, response)
 
     def blob_urls(self, blobs: Iterable[str]) -> BlobURLs:
         """Short-lived read URLs (HTTP range requests, no credentials) for blobs by sha256 hex."""
         body = BlobURLRequest(blobs=list(blobs))
-        return _parse(BlobURLs, self.send("POST", "/v1/blobs/urls", json=body, retry=True))
+        return parse(BlobURLs, self.session.send("POST", "/v1/blobs/urls", json=body, retry=True))
 
     def list_nodes(self, deployment: str | None = None) -> list[NodeInfo]:
         """Every registered node with its last report; only those serving ``deployment`` if given."""
@@ -476,7 +298,7 @@ class Client:
     def create_token(self, name: str, role: Role | str) -> TokenCreated:
         """Mint a token; its secret is in the answer and nowhere else."""
         body = TokenCreate(name=name, role=Role(role))
-        return _parse(TokenCreated, self.send("POST", "/v1/tokens", json=body))
+        return parse(TokenCreated, self.session.send("POST", "/v1/tokens", json=body))
 
     def whoami(self) -> TokenInfo:
         """The token this client sends: its name and role (any role may ask)."""
@@ -488,35 +310,14 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         """Revoke a token; calls with it fail from now on."""
-        self.send("DELETE", f"/v1/tokens/{_seg(token_id)}")
+        self.session.send("DELETE", f"/v1/tokens/{segment(token_id)}")
 
     # --- operations ----------------------------------------------------------------------------
 
     def healthz(self) -> bool:
         """Whether the control plane process answers."""
-        return self.send("GET", "/healthz").is_success
+        return self.session.send("GET", "/healthz").is_success
 
     def readyz(self) -> bool:
         """Whether the control plane can serve (its database answers)."""
-        return self.send("GET", "/readyz").is_success
-
-
-def _seg(value: str) -> str:
-    """``value`` escaped as one path segment (a ``/`` in a name must not open another route)."""
-    return quote(value, safe="")
-
-
-def _parse(schema: type[_T], response: httpx.Response) -> _T:
-    try:
-        return schema.model_validate_json(response.content)
-    except PydanticValidationError as exc:
-        raise _bad_answer(str(response.request.url.path), exc) from None
-
-
-def _bad_answer(path: str, exc: PydanticValidationError) -> WeightshipError:
-    errors = exc.errors()
-    where, msg = (".".join(str(p) for p in errors[0]["loc"]), errors[0]["msg"]) if errors else ("", "")
-    return WeightshipError(
-        f"the answer to {path} does not match the weightship {_VERSION} schema ({where}: {msg}); "
-        "the control plane and this client are probably different versions: upgrade the older one"
-    )
+        return self.session.send("GET", "/readyz").is_success

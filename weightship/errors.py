@@ -1,8 +1,12 @@
 """One rooted exception tree for every weightship error.
 
 Lower-layer errors (boto, SQLAlchemy, aiohttp, httpx) are mapped into these at the boundary
-where they occur, so callers catch ours, never a library's. Errors split by behaviour:
-``TemporaryError`` means "retry later", everything else means "give up and report".
+where they occur, so callers catch ours, never a library's. Errors split by behaviour, as in
+kopf: ``TemporaryError(delay)`` means "retry later" (after ``delay`` seconds, the server's
+``Retry-After`` when it gave one), ``PermanentError`` means "give up and report": retrying the
+same call cannot succeed. Every class below is one or the other; a bare ``WeightshipError``
+(an answer this version cannot read, say) counts as permanent too. The retry engine
+(``weightship.backoff``) retries exactly the temporary ones.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ __all__ = [
     "ManifestError",
     "NotFoundError",
     "PayloadTooLarge",
+    "PermanentError",
     "PreconditionFailed",
     "PreconditionRequired",
     "StoreError",
@@ -39,7 +44,11 @@ class WeightshipError(Exception):
         self.message = message
 
 
-class ValidationError(WeightshipError):
+class PermanentError(WeightshipError):
+    """A failure that retrying the same call will not fix: report it, or change the input."""
+
+
+class ValidationError(PermanentError):
     """Input that is malformed or breaks a rule; fix the input and try again."""
 
     status_code = 400
@@ -59,21 +68,21 @@ class PayloadTooLarge(ValidationError):
     code = "too_large"
 
 
-class IntegrityError(WeightshipError):
+class IntegrityError(PermanentError):
     """Bytes do not match the digest or size that the manifest promises."""
 
     status_code = 422
     code = "integrity"
 
 
-class NotFoundError(WeightshipError):
+class NotFoundError(PermanentError):
     """The named model, version, label, deployment, node or blob does not exist."""
 
     status_code = 404
     code = "not_found"
 
 
-class ConflictError(WeightshipError):
+class ConflictError(PermanentError):
     """The request conflicts with the current state (label already used, no previous version)."""
 
     status_code = 409
@@ -94,21 +103,21 @@ class PreconditionRequired(ValidationError):
     code = "precondition_required"
 
 
-class AuthError(WeightshipError):
+class AuthError(PermanentError):
     """No credentials, or credentials that are not valid."""
 
     status_code = 401
     code = "unauthenticated"
 
 
-class ForbiddenError(WeightshipError):
+class ForbiddenError(PermanentError):
     """Valid credentials whose role does not allow this call."""
 
     status_code = 403
     code = "forbidden"
 
 
-class StoreError(WeightshipError):
+class StoreError(PermanentError):
     """The origin store failed in a way that retrying will not fix."""
 
     status_code = 502
@@ -132,7 +141,7 @@ class DatabaseUnavailable(TemporaryError):
     code = "database_unavailable"
 
 
-class DiskFullError(WeightshipError):
+class DiskFullError(PermanentError):
     """Local disk (or quota) has no room for the bytes that must be written."""
 
     status_code = 507

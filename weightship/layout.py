@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from weightship.digests import format_digest, hex_of, sha256_hex
-from weightship.errors import IntegrityError, NotFoundError
-from weightship.manifest import Manifest, parse_manifest
+from weightship.digests import hex_of
+from weightship.errors import NotFoundError
+from weightship.manifest import Manifest, check_manifest_bytes, parse_manifest
 
 __all__ = [
     "MANIFEST_FILE",
@@ -53,10 +53,7 @@ def read_version_manifest(directory: Path, digest: str | None = None) -> Manifes
         raw = path.read_bytes()
     except FileNotFoundError:
         raise NotFoundError(f"{path} is missing: {directory} is not a weightship version directory") from None
-    expected = format_digest(hex_of(digest or Path(directory).name))
-    actual = format_digest(sha256_hex(raw))
-    if actual != expected:
-        raise IntegrityError(f"{path} hashes to {actual}, not {expected}: the version directory is corrupt")
+    check_manifest_bytes(raw, digest or Path(directory).name, str(path), "the version directory is corrupt")
     return parse_manifest(raw)
 
 

@@ -40,8 +40,8 @@ from weightship.chunks import (
     hash_files,
     is_valid_chunk_size,
 )
-from weightship.digests import format_digest, is_hex, sha256_hex
-from weightship.errors import ManifestError
+from weightship.digests import format_digest, hex_of, is_hex, sha256_hex
+from weightship.errors import IntegrityError, ManifestError
 from weightship.safetensors_header import (
     SafetensorsHeader,
     TensorInfo,
@@ -59,9 +59,11 @@ __all__ = [
     "Manifest",
     "build_manifest",
     "canonical_json",
+    "check_manifest_bytes",
     "check_model_name",
     "check_relative_path",
     "list_model_directory",
+    "manifest_bytes_match",
     "parse_manifest",
 ]
 
@@ -326,6 +328,23 @@ def parse_manifest(raw: bytes) -> Manifest:
     _check_blob_agreement(manifest.files)
     manifest.__dict__["raw"] = raw
     return manifest
+
+
+def manifest_bytes_match(raw: bytes, digest: str) -> bool:
+    """Whether manifest bytes ``raw`` are version ``digest`` (``sha256:<hex>`` or bare hex)."""
+    return sha256_hex(raw) == hex_of(digest)
+
+
+def check_manifest_bytes(raw: bytes, digest: str, what: str, advice: str = "they were refused") -> None:
+    """Raise ``IntegrityError`` unless ``raw`` hashes to ``digest``: the one manifest-bytes check.
+
+    A version *is* its manifest bytes, so every party that receives them (the CLI, the agent, a
+    model server) checks them against the digest it asked for before parsing or trusting them.
+    ``what`` names the bytes (``"the manifest the control plane sent"``), ``advice`` says what to do.
+    """
+    if not manifest_bytes_match(raw, digest):
+        expected = format_digest(hex_of(digest))
+        raise IntegrityError(f"{what} hashes to {format_digest(sha256_hex(raw))}, not {expected}: {advice}")
 
 
 def _check_unique_paths(paths: Iterable[str]) -> None:

@@ -7,64 +7,23 @@ sleeps a fixed time to wait for a condition.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
 import httpx
 
 from weightship.schemas import LocalDeployment, NodeHeartbeat
+from weightship.testing import eventually_async as eventually
 
 REPO = Path(__file__).resolve().parents[2]
 _T = TypeVar("_T")
 POLL = 0.05
-
-
-async def eventually(probe: Callable[[], Awaitable[_T | None] | _T | None], within: float, what: str) -> _T:
-    """Poll ``probe`` (sync or async) until it returns something truthy, and return that.
-
-    Fails naming ``what`` and the last probe result once ``within`` seconds have passed.
-    """
-    deadline = time.monotonic() + within
-    last: object = None
-    while True:
-        try:
-            result = probe()
-            if inspect.isawaitable(result):
-                result = await result
-            if result:
-                return result  # type: ignore[return-value]
-            last = result
-        except (httpx.HTTPError, OSError, ValueError) as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}; last probe: {last!r}")
-        await asyncio.sleep(POLL)  # ok-sleep: polling interval of a deadline loop
-
-
-def poll_until(probe: Callable[[], _T | None], within: float, what: str) -> _T:
-    """``eventually`` for synchronous callers (fixtures outside any event loop)."""
-    deadline = time.monotonic() + within
-    last: object = None
-    while True:
-        try:
-            result = probe()
-            if result:
-                return result
-            last = result
-        except (httpx.HTTPError, OSError, ValueError) as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}; last probe: {last!r}")
-        time.sleep(POLL)  # ok-sleep: polling interval of a deadline loop
 
 
 class AgentProcess:

@@ -21,8 +21,8 @@ import pytest
 from tests.agent.agent_processes import AgentProcess, Spawn
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.agent.fleet import Fleet
-from tests.agent.fleet_fakes import FaultProxy
 from weightship.manifest import Manifest
+from weightship.testing import FaultProxy
 
 
 @pytest.fixture(scope="module")

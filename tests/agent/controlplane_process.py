@@ -19,18 +19,12 @@ from pathlib import Path
 
 import httpx
 
-from tests.agent.agent_processes import REPO, eventually, poll_until
+from tests.agent.agent_processes import REPO, eventually
 from weightship.client import Client
+from weightship.testing import eventually as poll_until
+from weightship.testing import free_port
 
 ADMIN_TOKEN = "ws_agent-tests-admin-token-0123456789abcdef"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ControlPlaneProcess:
@@ -38,7 +32,7 @@ class ControlPlaneProcess:
 
     def __init__(self, workdir: Path, public_url: str | None = None, database_url: str | None = None) -> None:
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         #: where the blob URLs it signs point (a proxy in front of it, or itself)
         self.public_url = public_url or self.url

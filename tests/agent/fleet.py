@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.agent.controlplane_process import ControlPlaneProcess
-from tests.agent.fleet_fakes import TEST_CHUNK, FaultProxy
 from weightship.errors import NotFoundError
 from weightship.manifest import Manifest, parse_manifest
 from weightship.schemas import Deployment, NodeInfo, VersionState
+from weightship.testing import TEST_CHUNK, FaultProxy
 
 
 class Fleet:

@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_config, parse_size
+from agent.config import load_config
 from weightship.errors import ValidationError
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("1048576", 1048576), ("20GiB", 20 * 1024**3), ("500M", 500 * 1000**2), ("1.5KiB", 1536), ("0", 0), (7, 7)],
-)
-def test_sizes_accept_binary_and_decimal_units(text: str | int, expected: int) -> None:
-    assert parse_size(text) == expected
 
 
 def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from agent.config import AgentConfig
 from agent.daemon import Agent
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
-from tests.agent.fleet_fakes import TEST_CHUNK
+from weightship.testing import TEST_CHUNK
 from weightship.manifest import Manifest, parse_manifest
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,10 +9,10 @@ from rich.console import Console
 
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.fleet import Fleet
-from tests.agent.fleet_fakes import FaultProxy
 from weightship.display import status_view
 from weightship.manifest import Manifest
 from weightship.schemas import FetchFailure, NodeProblem, VersionState
+from weightship.testing import FaultProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

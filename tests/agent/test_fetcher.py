@@ -15,10 +15,10 @@ from agent.fetcher import Fetcher
 from agent.rangeclient import RangeClient
 from agent.staging import Staging
 from agent.store import VersionStore
-from tests.agent.fleet_fakes import Origin
 from tests.agent.local_versions import install
 from weightship.errors import IntegrityError, StoreError
 from weightship.schemas import BlobURL
+from weightship.testing import Origin
 
 pytestmark = pytest.mark.timeout(30)
 

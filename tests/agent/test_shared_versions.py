@@ -8,9 +8,9 @@ import pytest
 
 from tests.agent.agent_processes import Spawn
 from tests.agent.fleet import Fleet
-from tests.agent.fleet_fakes import FaultProxy
 from weightship.digests import hex_of
 from weightship.manifest import Manifest
+from weightship.testing import FaultProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,18 +31,6 @@ def stage(model_dir: Path, data_dir: Path, *, model: str = "tiny", chunk_size: i
         if verified:
             write_verification(target, manifest)
     return target
-
-
-def poll_until(condition: Callable[[], object], timeout: float, what: str) -> object:
-    """Return ``condition()``'s first truthy value, polling until ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)  # ok-sleep: poll interval while waiting for a condition
 
 
 def manifest_of(version: Path) -> Manifest:

@@ -31,7 +31,8 @@ from gpu_loader.sharding import ShardSpec
 from gpu_loader.targets import CudaTarget
 from gpu_loader.validation import validate
 from gpu_loader.version import open_version
-from tests.gpu_loader.staged_versions import manifest_of, odd_tensors, poll_until, stage
+from tests.gpu_loader.staged_versions import manifest_of, odd_tensors, stage
+from weightship.testing import eventually as poll_until
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("pydantic", reason="the agent API schemas need pydantic")
 from tests.gpu_loader.fake_local_agent import FakeLocalAgent
-from tests.gpu_loader.staged_versions import manifest_of, poll_until
+from tests.gpu_loader.staged_versions import manifest_of
+from weightship.testing import eventually as poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = {"input_ids": [[5, 17, 42, 7, 99, 3, 64, 12]], "max_new_tokens": 2}

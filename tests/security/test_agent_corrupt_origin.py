@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.controlplane_process import ADMIN_TOKEN
 from tests.agent.fleet import Fleet
-from tests.agent.fleet_fakes import FaultProxy
 from weightship.cli import app
 from weightship.manifest import Manifest
 from weightship.schemas import FetchFailure, VersionInventory, VersionState
+from weightship.testing import FaultProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -23,10 +23,10 @@ from controlplane.db import VersionRow
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.agent.fleet import Fleet
-from tests.agent.fleet_fakes import FaultProxy
 from weightship.digests import hex_of, sha256_hex
 from weightship.manifest import FileEntry, Manifest, canonical_json, parse_manifest
 from weightship.schemas import FetchFailure
+from weightship.testing import FaultProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.agent.agent_processes import poll_until
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
+from weightship.testing import eventually as poll_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 

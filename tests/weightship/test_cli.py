@@ -88,7 +88,7 @@ def test_chunk_sizes_accept_binary_units(text: str, expected: int) -> None:
 def test_a_malformed_chunk_size_is_a_usage_error(tmp_path: Any) -> None:
     result = invoke(lambda r: httpx.Response(500), "publish", str(tmp_path), "--model", "m", "--chunk-size", "lots")
     assert result.exit_code == 2
-    assert "not a size" in result.stderr
+    assert "is not a number of bytes" in result.stderr
 
 
 ERRORS = [

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from weightship.schemas import (
     VersionInventory,
     VersionState,
 )
+from weightship.testing import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -64,12 +64,6 @@ class ControlPlane:
         secret = self.json("token", "create", name, "--role", role)["token"]
         assert isinstance(secret, str)
         return secret
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serve(settings: Any, port: int) -> Iterator[str]:
@@ -102,7 +96,7 @@ def controlplane(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Con
         store = f"s3://{request.getfixturevalue('s3_bucket')}?min_part_size=65536"
     else:
         store = f"local:{tmp_path / 'origin'}"
-    port = _free_port()
+    port = free_port()
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'cp.db'}",
         store_url=store,
@@ -342,7 +336,7 @@ def _publish_people(cp: ControlPlane, path: Path, *extra: str, token: str = ADMI
 
 
 def test_publish_to_a_wrong_url_fails_before_hashing(models: dict[str, Path]) -> None:
-    env = {"WEIGHTSHIP_URL": f"http://127.0.0.1:{_free_port()}", "WEIGHTSHIP_TOKEN": ADMIN}
+    env = {"WEIGHTSHIP_URL": f"http://127.0.0.1:{free_port()}", "WEIGHTSHIP_TOKEN": ADMIN}
     result = CliRunner().invoke(app, ["publish", str(models["v1"]), "-m", "llama"], env=env, catch_exceptions=False)
     assert result.exit_code == 5, result.stderr
     assert "WEIGHTSHIP_URL" in result.stderr

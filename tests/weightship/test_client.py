@@ -17,9 +17,11 @@ import pytest
 
 import weightship.backoff
 import weightship.client
+import weightship.http
+import weightship.problems
 import weightship.publishing
 from weightship.backoff import Backoff
-from weightship.client import Client, error_from_response
+from weightship.client import Client
 from weightship.errors import (
     AuthError,
     ConflictError,
@@ -35,6 +37,7 @@ from weightship.errors import (
     ValidationError,
     WeightshipError,
 )
+from weightship.problems import error_from_response
 from weightship.schemas import Deployment, NodeHeartbeat, PartUpload, Role
 
 pytestmark = pytest.mark.timeout(30)
@@ -76,14 +79,29 @@ def _error(status: int, code: str, message: str) -> httpx.Response:
 @pytest.mark.parametrize(
     ("module", "names"),
     [
-        (weightship.client, {"DEFAULT_URL", "Backoff", "Client", "error_from_response"}),
+        (weightship.client, {"DEFAULT_URL", "Backoff", "Client"}),
         (weightship.backoff, {"Backoff", "DelaySequence", "capped_exponential", "is_temporary"}),
         (
             weightship.publishing,
-            {"PublishProgress", "PublishResult", "SilentProgress", "directory_size", "publish_directory"},
+            {"PublishProgress", "PublishResult", "SilentProgress", "UploadAPI", "directory_size", "publish_directory"},
+        ),
+        (weightship.problems, {"MAX_RETRY_AFTER", "error_from_response", "retry_after"}),
+        (
+            weightship.http,
+            {
+                "VERSION",
+                "AsyncSession",
+                "Params",
+                "RequestOptions",
+                "Session",
+                "SessionOptions",
+                "parse",
+                "parse_list",
+                "segment",
+            },
         ),
     ],
-    ids=["client", "backoff", "publishing"],
+    ids=["client", "backoff", "publishing", "problems", "http"],
 )
 def test_public_surface_is_exactly_all(module: Any, names: set[str]) -> None:
     assert set(module.__all__) == names

@@ -1,4 +1,4 @@
-"""Stand-ins for things outside weightship that the agent talks to, served over real HTTP.
+"""Fault-injecting origins for tests and benchmarks: stand-ins for what weightship talks to, over real HTTP.
 
 - ``Origin``: a blob store with HTTP range requests, standing in for S3 behind presigned URLs
   (for the fetcher's own tests, which hand it URLs directly).
@@ -11,6 +11,8 @@
   plane and proxy outlive each test's event loop.
 
 Our own components (control plane, agent) are never imitated here: tests run the real ones.
+Both run on loopback ports chosen by the OS and record what they served, so a test can assert
+on the ranges fetched and the bytes moved.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from aiohttp import web
 
 from weightship.manifest import Manifest, build_manifest
 
+__all__ = ["TEST_CHUNK", "FaultProxy", "Origin", "Served"]
+
+#: A small chunk size (the smallest allowed) that gives test versions many chunks.
 TEST_CHUNK = 64 * 1024
 _T = TypeVar("_T")
 
@@ -39,9 +44,8 @@ async def _serve(app: web.Application, port: int = 0) -> tuple[web.AppRunner, in
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, reuse_address=True)
     await site.start()
-    server = site._server
-    assert server is not None
-    return runner, int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    host_port = runner.addresses[0]
+    return runner, int(host_port[1])
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int]:

@@ -1,0 +1,28 @@
+"""Helpers that weightship's tests and benchmarks share, public for anyone testing against weightship.
+
+- ``free_port``, ``wait_for_port``: loopback ports for servers started as processes;
+- ``eventually`` / ``eventually_async``: poll a probe until it holds, with a deadline and a
+  failure that names what was awaited (never a fixed sleep);
+- ``Origin``: a blob origin with HTTP range requests, recording what it served;
+- ``FaultProxy``: a proxy in front of the control plane's blob route that corrupts, delays or
+  holds the answers a test selects (a misbehaving network, CDN or cache).
+
+Nothing here imitates weightship's own components: tests run the real control plane and agent.
+"""
+
+from __future__ import annotations
+
+from weightship.testing.origins import TEST_CHUNK, FaultProxy, Origin, Served
+from weightship.testing.waiting import NOT_YET, eventually, eventually_async, free_port, wait_for_port
+
+__all__ = [
+    "NOT_YET",
+    "TEST_CHUNK",
+    "FaultProxy",
+    "Origin",
+    "Served",
+    "eventually",
+    "eventually_async",
+    "free_port",
+    "wait_for_port",
+]
