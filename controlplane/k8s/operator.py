@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -85,7 +85,7 @@ class _Runtime:
 
 
 def _post_event(body: Body, kind: str, reason: str, message: str) -> None:
-    kopf.event(kopf.Body(body), type=kind, reason=reason, message=message[:1000])
+    kopf.event(kopf.Body(cast(kopf.RawBody, body)), type=kind, reason=reason, message=message[:1000])
 
 
 def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, LeaderElectorRef]:
