@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ class VersionedEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 meta["resourceVersion"] = str(next(self.counter))
             elif action == kmock.action.UPDATE and request.name is not None:
                 key = (request.resource, request.namespace, request.name)
-                current = self.objects[key] if key in self.objects else None
+                current = self.objects[key] if key in self.objects else None  # noqa: SIM401  # kmock has no .get for object keys
                 if current is not None and not current.deleted:
                     pending = self.foreign_writes.get((request.resource.plural, request.name), 0)
                     if pending:
@@ -154,7 +154,7 @@ def operator_token(role_headers: dict[Any, dict[str, str]]) -> str:
 @pytest.fixture
 def controlplane(
     live_controlplane: LiveControlPlane, seed_versions: Callable[..., dict[str, str]], operator_token: str
-) -> Iterator[tuple[str, dict[str, str]]]:
+) -> tuple[str, dict[str, str]]:
     """(url, {label: digest}) of a live control plane with model chat and deployment chat-prod."""
     from weightship.client import Client
 
@@ -162,7 +162,7 @@ def controlplane(
     admin = {"Authorization": "Bearer ws_test-bootstrap-admin-0123456789abcdef"}
     with Client(live_controlplane.url, admin["Authorization"].removeprefix("Bearer ")) as client:
         client.create_deployment("chat-prod", "chat")
-    yield live_controlplane.url, digests
+    return live_controlplane.url, digests
 
 
 class Operators:

@@ -35,7 +35,7 @@ def rollout(version: str, steps: list[Any], **extra: Any) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": {"app": "chat"}},
                 "spec": {"containers": [{"name": "server", "image": "weightship-serve:1"}]},
-            },  # fmt: skip
+            },
             "steps": steps,
             **extra,
         },
@@ -50,9 +50,9 @@ def analysis(url: str, count: int = 2) -> dict[str, Any]:
     }]}}  # fmt: skip
 
 
-async def until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+async def until(check: Callable[[], Any], what: str, seconds: float = 30.0) -> Any:
     """Poll ``check`` until it returns something truthy (ok-sleep: the poll interval of a deadline loop)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + seconds
     while True:
         value = check()
         if value:
@@ -126,11 +126,12 @@ async def test_rollout_steps_then_failed_analysis_rolls_back_to_the_running_stab
     webhook.answers = [{"value": 0.001}, {"value": 0.5}]  # healthy once, then failing for good
     await apply(kmock_server, rollout("v2", [{"setWeight": 25}, analysis(webhook.url, count=3), {"setWeight": 50}]))
     await until(lambda: replicasets(kmock_server).get(digests["v2"], {}).get("role") == "canary", "a canary ReplicaSet")
-    await until(lambda: status(kmock_server).get("phase") == "Degraded", "the analysis to fail", timeout=30)
+    await until(lambda: status(kmock_server).get("phase") == "Degraded", "the analysis to fail", seconds=30)
 
     current = status(kmock_server)
     assert current["engine"]["abortReason"] == "AnalysisFailed"
-    assert current["stable"] == digests["v1"] and not current.get("canary")
+    assert current["stable"] == digests["v1"]
+    assert not current.get("canary")
     sets = await until(
         lambda: (r := replicasets(kmock_server)) and r[digests["v1"]]["replicas"] == 4 and r, "stable back"
     )
@@ -138,3 +139,39 @@ async def test_rollout_steps_then_failed_analysis_rolls_back_to_the_running_stab
     assert sets.get(digests["v2"], {"replicas": 0})["replicas"] == 0  # the canary's pods are gone at once
     assert {c["type"]: c["status"] for c in current["conditions"]}["Degraded"] == "True"
     assert {call["canary"] for call in webhook.calls} == {digests["v2"]}
+
+
+async def test_unknown_version_is_refused_with_a_status_condition_and_no_replicaset(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
+) -> None:
+    operators.start("op-a")
+    await apply(kmock_server, rollout("v99", [{"setWeight": 10}]))
+    current = await until(lambda: (s := status(kmock_server)).get("phase") == "Invalid" and s, "the refusal")
+    conditions = {c["type"]: c for c in current["conditions"]}
+    assert conditions["VersionResolved"]["status"] == "False"
+    assert conditions["VersionResolved"]["reason"] == "UnknownVersion"
+    assert "'v99'" in conditions["VersionResolved"]["message"]
+    assert "publish it or fix spec.version" in current["message"]
+    assert replicasets(kmock_server) == {}
+
+
+@pytest.mark.xfail(reason="work in progress: the promote-full annotation is not yet seen applied under kmock", strict=False)
+async def test_promote_full_relabels_the_canary_stable_and_keeps_the_previous_scaled(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
+) -> None:
+    _, digests = controlplane
+    operators.start("op-a")
+    await apply(kmock_server, rollout("v1", []))
+    await deployed(kmock_server, digests["v1"])
+    await apply(kmock_server, rollout("v2", [{"setWeight": 25}, {"pause": {}}]))
+    await until(lambda: status(kmock_server).get("phase") == "Paused", "the indefinite pause")
+    canary_name = replicasets(kmock_server)[digests["v2"]]["name"]
+
+    await verb(kmock_server, "promote-full")
+    await deployed(kmock_server, digests["v2"])
+
+    sets = await until(lambda: (r := replicasets(kmock_server))[digests["v2"]]["replicas"] == 4 and r, "full scale")
+    assert sets[digests["v2"]]["role"] == "stable"
+    assert sets[digests["v2"]]["name"] == canary_name  # the same ReplicaSet, relabelled: no pod restarted
+    assert sets[digests["v1"]] | {"name": ""} == {"role": "previous", "replicas": 1, "name": ""}
+    assert status(kmock_server)["verbResult"] == "promote-full: done"
