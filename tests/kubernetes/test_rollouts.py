@@ -155,7 +155,9 @@ async def test_unknown_version_is_refused_with_a_status_condition_and_no_replica
     assert replicasets(kmock_server) == {}
 
 
-@pytest.mark.xfail(reason="work in progress: the promote-full annotation is not yet seen applied under kmock", strict=False)
+@pytest.mark.xfail(
+    reason="work in progress: the promote-full annotation is not yet seen applied under kmock", strict=False
+)
 async def test_promote_full_relabels_the_canary_stable_and_keeps_the_previous_scaled(
     kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
 ) -> None:
