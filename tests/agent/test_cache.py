@@ -16,9 +16,9 @@ import pytest
 
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.fleet import Fleet
-from weightship.testing import FaultProxy
 from tests.agent.peers import chunk_bytes, chunk_request, largest_file, metric, peer_url, start_cache, ticket
 from weightship.manifest import Manifest
+from weightship.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,8 +25,8 @@ from agent.config import AgentConfig
 from agent.daemon import Agent
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
-from weightship.testing import TEST_CHUNK
 from weightship.manifest import Manifest, parse_manifest
+from weightship.testing import TEST_CHUNK
 
 pytestmark = pytest.mark.timeout(120)
 

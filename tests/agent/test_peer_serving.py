@@ -16,9 +16,9 @@ import pytest
 
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.fleet import Fleet
-from weightship.testing import FaultProxy
 from tests.agent.peers import chunk_bytes, chunk_request, largest_file, metric, peer_url, ticket
 from weightship.digests import sha256_hex
+from weightship.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,0 +1,197 @@
+"""The Kubernetes API as the operator uses it, through the official ``kubernetes`` client.
+
+Objects travel as plain dicts (``_preload_content=False``), so nothing is lost to the client's
+models and the code reads like the manifests. The client is synchronous; every call runs in a
+worker thread. Errors are mapped at this boundary, so callers catch ours, never the client's:
+
+- HTTP 409 (someone else wrote the object since we read it: ``metadata.resourceVersion``
+  mismatched, or it already exists) → :class:`weightship.errors.ConflictError` — re-read and retry;
+- HTTP 404 → :class:`weightship.errors.NotFoundError`;
+- anything else, and connection failures → :class:`weightship.errors.TemporaryError`.
+
+Writes that must not overwrite a concurrent change carry the ``resourceVersion`` they were
+computed from (optimistic concurrency, as ``kubectl`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import kubernetes.client as k8s
+import kubernetes.config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from controlplane.k8s.rollout import GROUP, LABEL_ROLLOUT, PLURAL, VERSION
+from weightship.errors import ConflictError, NotFoundError, TemporaryError, WeightshipError
+
+__all__ = ["KubeApi", "connect"]
+
+_T = TypeVar("_T")
+Body = dict[str, Any]
+
+
+def connect(server: str | None = None, *, user_agent: str = "weightship-operator") -> KubeApi:
+    """A client for ``server`` (plain URL, tests), else in-cluster credentials, else the kubeconfig."""
+    configuration = k8s.Configuration()
+    if server:
+        configuration.host = server.rstrip("/")
+    else:
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(client_configuration=configuration)
+    api = k8s.ApiClient(configuration)
+    api.user_agent = user_agent
+    return KubeApi(api)
+
+
+class KubeApi:
+    """Typed-by-purpose access to the few resources the operator touches."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self._core = k8s.CoreV1Api(api)
+        self._apps = k8s.AppsV1Api(api)
+        self._custom = k8s.CustomObjectsApi(api)
+        self._coordination = k8s.CoordinationV1Api(api)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.api.close()
+
+    async def _call(self, what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Body:
+        def run() -> Body:
+            try:
+                answer = call(*args, _preload_content=False, **kwargs)
+            except ApiException as exc:
+                raise _mapped(exc, what) from None
+            except (HTTPError, OSError) as exc:
+                raise TemporaryError(
+                    f"{what}: the Kubernetes API is unreachable ({exc}); check the API server and the network",
+                    delay=2.0,
+                ) from None
+            data = answer.data
+            return json.loads(data) if data else {}
+
+        return await asyncio.to_thread(run)
+
+    # --- ModelRollouts ------------------------------------------------------------------------
+
+    async def get_rollout(self, namespace: str, name: str) -> Body:
+        """The ModelRollout as stored now."""
+        return await self._call(
+            f"read ModelRollout {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            GROUP, VERSION, namespace, PLURAL, name,
+        )  # fmt: skip
+
+    async def patch_rollout_status(self, namespace: str, name: str, status: Body, resource_version: str | None) -> Body:
+        """Merge ``status`` into the rollout's status; 409 if it changed since ``resource_version``."""
+        metadata = {"resourceVersion": resource_version} if resource_version else {}
+        return await self._call(
+            f"write the status of ModelRollout {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object_status,
+            GROUP, VERSION, namespace, PLURAL, name, {"metadata": metadata, "status": status},
+        )  # fmt: skip
+
+    # --- ReplicaSets --------------------------------------------------------------------------
+
+    async def list_replicasets(self, namespace: str, rollout: str) -> list[Body]:
+        """The rollout's ReplicaSets (by label; filtered here too, in case the server ignores selectors)."""
+        answer = await self._call(
+            f"list the ReplicaSets of ModelRollout {namespace}/{rollout}",
+            self._apps.list_namespaced_replica_set,
+            namespace,
+            label_selector=f"{LABEL_ROLLOUT}={rollout}",
+        )
+        items: list[Body] = answer.get("items") or []
+        return [rs for rs in items if (rs.get("metadata", {}).get("labels") or {}).get(LABEL_ROLLOUT) == rollout]
+
+    async def create_replicaset(self, namespace: str, body: Body) -> Body:
+        """Create a ReplicaSet; 409 (ConflictError) if one of that name exists."""
+        name = body["metadata"]["name"]
+        return await self._call(
+            f"create ReplicaSet {namespace}/{name}", self._apps.create_namespaced_replica_set, namespace, body
+        )
+
+    async def patch_replicaset(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge ``patch`` into a ReplicaSet (labels, replicas)."""
+        return await self._call(
+            f"update ReplicaSet {namespace}/{name}", self._apps.patch_namespaced_replica_set, name, namespace, patch
+        )
+
+    async def delete_replicaset(self, namespace: str, name: str) -> None:
+        """Delete a ReplicaSet (its pods go with it); gone already is fine."""
+        with contextlib.suppress(NotFoundError):
+            await self._call(
+                f"delete ReplicaSet {namespace}/{name}", self._apps.delete_namespaced_replica_set, name, namespace
+            )
+
+    # --- traffic routers ----------------------------------------------------------------------
+
+    async def patch_service(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge ``patch`` into a Service (its selector)."""
+        return await self._call(
+            f"update Service {namespace}/{name}", self._core.patch_namespaced_service, name, namespace, patch
+        )
+
+    async def get_http_route(self, namespace: str, name: str) -> Body:
+        """A Gateway API HTTPRoute."""
+        return await self._call(
+            f"read HTTPRoute {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            "gateway.networking.k8s.io", "v1", namespace, "httproutes", name,
+        )  # fmt: skip
+
+    async def patch_http_route(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge ``patch`` into an HTTPRoute (its rules' backend weights; 409 if it changed meanwhile)."""
+        return await self._call(
+            f"update HTTPRoute {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object,
+            "gateway.networking.k8s.io", "v1", namespace, "httproutes", name, patch,
+        )  # fmt: skip
+
+    # --- leases -------------------------------------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str) -> Body:
+        """A coordination.k8s.io/v1 Lease."""
+        return await self._call(
+            f"read Lease {namespace}/{name}", self._coordination.read_namespaced_lease, name, namespace
+        )
+
+    async def create_lease(self, namespace: str, body: Body) -> Body:
+        """Create a Lease; 409 if another replica created it first."""
+        return await self._call(
+            f"create Lease {namespace}/{body['metadata']['name']}",
+            self._coordination.create_namespaced_lease,
+            namespace,
+            body,
+        )
+
+    async def patch_lease(self, namespace: str, name: str, patch: Body) -> Body:
+        """Merge ``patch`` into a Lease; 409 if it changed since the ``resourceVersion`` in ``patch``."""
+        return await self._call(
+            f"update Lease {namespace}/{name}", self._coordination.patch_namespaced_lease, name, namespace, patch
+        )
+
+
+def _mapped(exc: ApiException, what: str) -> WeightshipError:
+    reason = _reason(exc)
+    if exc.status == 409:
+        return ConflictError(f"{what}: conflict ({reason}); re-read the object and retry")
+    if exc.status == 404:
+        return NotFoundError(f"{what}: not found ({reason})")
+    return TemporaryError(f"{what}: the Kubernetes API answered HTTP {exc.status} ({reason})", delay=2.0)
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        body: Mapping[str, Any] = json.loads(exc.body or "{}")
+    except ValueError:
+        return str(exc.reason)
+    return str(body.get("message") or body.get("reason") or exc.reason)

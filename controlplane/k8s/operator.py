@@ -1,0 +1,168 @@
+"""The kopf wiring: one registry per operator instance, handlers bound to one driver and one elector.
+
+:func:`build_registry` returns a fresh ``kopf.OperatorRegistry`` (never kopf's global one), so a
+process (or a test) can run several operators side by side. Handlers:
+
+- ``login`` — the API server named in the config (tests: kmock's URL), else kopf's usual login
+  (in-cluster service account, then the kubeconfig);
+- ``startup`` / ``cleanup`` — open the Kubernetes and control-plane clients and the analysis
+  providers; start and stop leader election;
+- a ``timer`` per ``ModelRollout`` every ``interval`` seconds: the leader reconciles it,
+  followers do nothing. The engine is level-triggered, so a timer is all it needs: a missed tick
+  only delays, and a restarted operator resumes from the resource's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+
+from controlplane.k8s.driver import RolloutDriver
+from controlplane.k8s.kube import Body, KubeApi, connect
+from controlplane.k8s.leader import LeaderElector
+from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE
+from controlplane.k8s.rollout import GROUP, PLURAL, VERSION
+from controlplane.k8s.versions import ControlPlane
+from controlplane.rollouts.providers import ProviderRegistry
+from weightship.client import Client
+from weightship.errors import WeightshipError
+from weightship.logs import event
+
+__all__ = ["OperatorConfig", "build_registry", "run"]
+
+_log = logging.getLogger("controlplane.k8s.operator")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything an operator instance needs; ``from_env`` reads the ``WEIGHTSHIP_OPERATOR_*`` variables."""
+
+    controlplane_url: str
+    token: str | None
+    kube_server: str | None = None
+    namespaces: tuple[str, ...] = ()
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    lease_namespace: str = "default"
+    lease_name: str = "weightship-operator"
+    lease_seconds: float = 15.0
+    interval: float = 2.0
+    wait_image: str = DEFAULT_WAIT_IMAGE
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> OperatorConfig:
+        """Read the configuration from the environment (the chart sets these)."""
+        env = dict(os.environ if environ is None else environ)
+        namespaces = tuple(n for n in env.get("WEIGHTSHIP_OPERATOR_NAMESPACES", "").split(",") if n.strip())
+        defaults = cls(controlplane_url="", token=None)
+        return cls(
+            controlplane_url=env.get("WEIGHTSHIP_URL") or "http://127.0.0.1:8080",
+            token=env.get("WEIGHTSHIP_TOKEN") or None,
+            kube_server=env.get("WEIGHTSHIP_OPERATOR_KUBE_SERVER") or None,
+            namespaces=namespaces,
+            identity=env.get("WEIGHTSHIP_OPERATOR_IDENTITY") or env.get("POD_NAME") or defaults.identity,
+            lease_namespace=env.get("WEIGHTSHIP_OPERATOR_LEASE_NAMESPACE") or env.get("POD_NAMESPACE") or "default",
+            lease_name=env.get("WEIGHTSHIP_OPERATOR_LEASE_NAME") or defaults.lease_name,
+            lease_seconds=float(env.get("WEIGHTSHIP_OPERATOR_LEASE_SECONDS") or defaults.lease_seconds),
+            interval=float(env.get("WEIGHTSHIP_OPERATOR_INTERVAL") or defaults.interval),
+            wait_image=env.get("WEIGHTSHIP_OPERATOR_WAIT_IMAGE") or defaults.wait_image,
+        )
+
+
+@dataclass
+class _Runtime:
+    driver: RolloutDriver | None = None
+    elector: LeaderElector | None = None
+    kube: KubeApi | None = None
+    client: Client | None = None
+    providers: ProviderRegistry | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+def _post_event(body: Body, kind: str, reason: str, message: str) -> None:
+    kopf.event(kopf.Body(cast(kopf.RawBody, body)), type=kind, reason=reason, message=message[:1000])
+
+
+def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, LeaderElectorRef]:
+    """A fresh registry with this operator's handlers, and a handle to its elector (for status and tests)."""
+    registry = kopf.OperatorRegistry()
+    runtime = _Runtime()
+    ref = LeaderElectorRef(runtime)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if config.kube_server:
+            return kopf.ConnectionInfo(server=config.kube_server)
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.level = logging.INFO
+        settings.watching.server_timeout = 60
+        runtime.kube = connect(config.kube_server, user_agent=f"weightship-operator/{config.identity}")
+        runtime.client = Client(config.controlplane_url, config.token)
+        runtime.providers = ProviderRegistry.default()
+        runtime.driver = RolloutDriver(
+            runtime.kube, ControlPlane(runtime.client), runtime.providers,
+            post_event=_post_event, wait_image=config.wait_image,
+        )  # fmt: skip
+        runtime.elector = LeaderElector(
+            runtime.kube, config.lease_namespace, config.lease_name, config.identity, lease_seconds=config.lease_seconds
+        )
+        runtime.tasks.append(asyncio.create_task(runtime.elector.run(), name="leader-election"))
+        event(_log, "operator.started", identity=config.identity, namespaces=",".join(config.namespaces) or "*")
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in runtime.tasks:
+            task.cancel()
+        await asyncio.gather(*runtime.tasks, return_exceptions=True)
+        if runtime.providers is not None:
+            await runtime.providers.aclose()
+        if runtime.client is not None:
+            runtime.client.close()
+        if runtime.kube is not None:
+            runtime.kube.close()
+        event(_log, "operator.stopped", identity=config.identity)
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=config.interval, registry=registry)
+    async def tick(name: str | None, namespace: str | None, **_: Any) -> None:
+        if runtime.driver is None or runtime.elector is None or not runtime.elector.is_leader:
+            return  # a follower: the leader acts
+        if name is None or namespace is None:
+            return
+        try:
+            await runtime.driver.reconcile(namespace, name)
+        except WeightshipError as exc:
+            event(_log, "rollout.retry_later", logging.WARNING, rollout=f"{namespace}/{name}", error=exc.message)
+
+    return registry, ref
+
+
+@dataclass
+class LeaderElectorRef:
+    """Whether this operator instance leads right now (the elector exists only once started)."""
+
+    runtime: _Runtime
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this instance holds the Lease."""
+        return self.runtime.elector is not None and self.runtime.elector.is_leader
+
+
+async def run(config: OperatorConfig, *, stop_flag: asyncio.Event | None = None) -> None:
+    """Run one operator until ``stop_flag`` is set (or forever)."""
+    registry, _ = build_registry(config)
+    await kopf.operator(
+        registry=registry,
+        standalone=True,
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
+        stop_flag=stop_flag,
+    )

@@ -1,0 +1,102 @@
+"""What the operator asks the control plane: which digest a label names, and keeping agents in step.
+
+The ``ModelRollout`` names a label (``v7``) or a digest; the control plane's REST API (the
+``weightship.client.Client``, with an operator token) resolves it against the deployment's model,
+so an unknown label or digest is refused before any pod is created. The deployment's serving
+pointer is also kept in step with the ReplicaSets (stable, and the canary at share 0): agents
+keep and pre-fetch exactly the versions a pointer names, so the canary's bytes are staged on every
+node before its pods are scheduled (the engine's prefetch step counts the nodes that hold it).
+The client is synchronous; calls run in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from weightship.client import Client
+from weightship.errors import NotFoundError, PreconditionFailed
+
+__all__ = ["ControlPlane", "FleetCount", "ResolvedVersion", "UnknownVersion"]
+
+
+class UnknownVersion(NotFoundError):
+    """The rollout names a version (or deployment) the control plane does not know."""
+
+
+@dataclass(frozen=True)
+class ResolvedVersion:
+    """A label or digest resolved to the digest and size of a ready version."""
+
+    digest: str
+    size: int
+    model: str
+
+
+@dataclass(frozen=True)
+class FleetCount:
+    """How many of the deployment's nodes hold ``digest`` verified, and why others cannot."""
+
+    target_nodes: int
+    staged_nodes: int
+    failures: tuple[str, ...] = ()
+
+
+class ControlPlane:
+    """The control plane's REST API as the operator uses it."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def resolve(self, deployment: str, ref: str) -> ResolvedVersion:
+        """The digest ``ref`` names for ``deployment``'s model; :class:`UnknownVersion` if there is none."""
+
+        def run() -> ResolvedVersion:
+            try:
+                model = self.client.get_deployment(deployment).model
+            except NotFoundError:
+                raise UnknownVersion(
+                    f"deployment {deployment!r} does not exist in the control plane; create it with "
+                    f"'weightship deployment create {deployment} --model MODEL' or fix spec.deployment"
+                ) from None
+            try:
+                info = self.client.get_version(model, ref)
+            except NotFoundError:
+                raise UnknownVersion(
+                    f"version {ref!r} of model {model!r} (deployment {deployment!r}) is unknown to the control "
+                    f"plane; publish it or fix spec.version ('weightship versions {model}' lists them)"
+                ) from None
+            if info.state != "ready":
+                raise UnknownVersion(
+                    f"version {ref!r} of model {model!r} is {info.state}, not ready; wait for its publish to commit"
+                )
+            return ResolvedVersion(info.digest, info.size, model)
+
+        return await asyncio.to_thread(run)
+
+    async def sync_pointer(self, deployment: str, stable: str, canary: str | None, reason: str) -> None:
+        """Point ``deployment`` at ``stable`` with ``canary`` staged (share 0) unless it already is."""
+
+        def run() -> None:
+            for _ in range(3):
+                pointer = self.client.get_deployment(deployment)
+                if pointer.stable == stable and pointer.canary == canary and pointer.canary_share == 0:
+                    return
+                try:
+                    self.client.set_pointer(
+                        deployment, stable, canary=canary, canary_share=0.0, reason=reason, expected_epoch=pointer.epoch
+                    )
+                    return
+                except PreconditionFailed:
+                    continue  # someone moved it meanwhile: re-read and retry
+
+        await asyncio.to_thread(run)
+
+    async def fleet(self, deployment: str, digest: str) -> FleetCount:
+        """Nodes of ``deployment`` and how many hold ``digest`` verified."""
+        status = await asyncio.to_thread(self.client.deployment_status, deployment)
+        for version in status.versions:
+            if version.digest == digest:
+                failures = tuple(f"{p.node}: {p.problem.message}" for p in version.problems)
+                return FleetCount(status.nodes, version.nodes_ready, failures)
+        return FleetCount(status.nodes, 0)

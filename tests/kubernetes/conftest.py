@@ -1,0 +1,239 @@
+"""Fixtures for the operator tests: kmock as the API server, a live control plane, real kopf operators.
+
+- ``kmock`` — a :class:`VersionedEmulator` (kmock's Kubernetes emulator plus what the operator
+  relies on from a real API server: ``resourceVersion`` on every write and 409 on a stale one);
+  the resources the operator touches are registered for discovery.
+- ``replicaset_controller`` — stands in for kube-controller-manager: marks every ReplicaSet's pods
+  ready (``status.readyReplicas = spec.replicas``), as the kubelet does once the init container
+  saw the version on the node.
+- ``controlplane`` — the real control plane over HTTP (SQLite) with model ``chat`` (v1, v2,
+  v3 seeded) and deployment ``chat-prod``; ``operator_token`` a real operator token.
+- ``operators`` — starts real kopf operators (``controlplane.k8s.operator``) against kmock, each
+  with its own identity; stops them all at the end.
+- ``webhook`` — a real HTTP analysis hook whose answers a test sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+import pytest_asyncio
+import yaml
+from aiohttp import web
+
+from controlplane.k8s.operator import OperatorConfig, build_registry
+from tests.controlplane.conftest import (  # noqa: F401  # fixtures re-exported for this suite
+    LiveControlPlane,
+    cp_settings,
+    cp_state,
+    live_controlplane,
+    role_headers,
+    seed_versions,
+)
+
+CRD_PATH = Path(__file__).parents[2] / "deploy" / "helm" / "weightship" / "crds" / "modelrollout.yaml"
+ROLLOUTS = "weightship.io/v1alpha1/modelrollouts"
+REPLICASETS = "apps/v1/replicasets"
+NAMESPACE = "models"
+
+
+class VersionedEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """kmock's emulator with optimistic concurrency: ``resourceVersion`` bumps, stale writes get 409.
+
+    ``foreign_writes[(plural, name)] = n`` makes the next ``n`` writes to that object meet a change
+    by another writer first (an annotation bump), so the operator's write carries a stale
+    ``resourceVersion`` and gets the 409 a real API server would answer.
+    """
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.counter = itertools.count(1)
+        self.foreign_writes: dict[tuple[str, str], int] = {}
+        self.conflicts = 0
+
+    async def _handle(self, request: Any) -> Any:
+        action = request.action
+        if request.resource is not None and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if action == kmock.action.CREATE:
+                if not meta.get("name") and meta.get("generateName"):  # kopf's events are named by the server
+                    meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:8]}"
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+                meta.setdefault("generation", 1)
+                meta["resourceVersion"] = str(next(self.counter))
+            elif action == kmock.action.UPDATE and request.name is not None:
+                key = (request.resource, request.namespace, request.name)
+                current = self.objects[key] if key in self.objects else None  # noqa: SIM401  # kmock has no .get for object keys
+                if current is not None and not current.deleted:
+                    pending = self.foreign_writes.get((request.resource.plural, request.name), 0)
+                    if pending:
+                        self.foreign_writes[(request.resource.plural, request.name)] = pending - 1
+                        current.patch({"metadata": {"annotations": {"other-writer": str(pending)},
+                                                    "resourceVersion": str(next(self.counter))}})  # fmt: skip
+                    sent = meta.get("resourceVersion")
+                    if sent is not None and sent != current.get("metadata", {}).get("resourceVersion"):
+                        self.conflicts += 1
+                        raise kmock.KubernetesObjectConflictError()
+                meta["resourceVersion"] = str(next(self.counter))
+        return await super()._handle(request)
+
+
+def crd() -> dict[str, Any]:
+    """The ModelRollout CRD as shipped in the chart."""
+    data: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return data
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    """SQLite only: the operator's behaviour does not depend on the control plane's database."""
+    return f"sqlite:///{tmp_path / 'cp.db'}"
+
+
+@pytest_asyncio.fixture
+async def kmock_server() -> AsyncIterator[VersionedEmulator]:
+    """The mock API server with the operator's resources registered."""
+    async with VersionedEmulator() as handler, kmock.Server(handler):
+        handler.resources[ROLLOUTS] = {
+            "kind": "ModelRollout", "singular": "modelrollout", "shortnames": {"mro"},
+            "verbs": {"get", "list", "watch", "patch", "create", "delete"}, "subresources": {"status"},
+            "namespaced": True,
+        }  # fmt: skip
+        for resource, kind in ((REPLICASETS, "ReplicaSet"), ("coordination.k8s.io/v1/leases", "Lease"),
+                               ("v1/events", "Event"), ("v1/services", "Service")):  # fmt: skip
+            handler.resources[resource] = {"kind": kind, "namespaced": True,
+                                           "verbs": {"get", "list", "watch", "patch", "create", "delete"}}  # fmt: skip
+        # kopf's namespace and CRD observers wait for these to be discoverable.
+        for resource, kind in (("v1/namespaces", "Namespace"),
+                               ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition")):  # fmt: skip
+            handler.resources[resource] = {"kind": kind, "namespaced": False, "verbs": {"get", "list", "watch"}}
+        yield handler
+
+
+@pytest_asyncio.fixture
+async def replicaset_controller(kmock_server: VersionedEmulator) -> AsyncIterator[None]:
+    """Marks ReplicaSets' pods ready, as Kubernetes would (polling, 20 ms)."""
+
+    async def loop() -> None:
+        while True:
+            for key in list(kmock_server.objects):
+                if key[0] != kmock.resource(REPLICASETS):
+                    continue
+                obj = kmock_server.objects[key]
+                if obj.deleted:
+                    continue
+                wanted = obj.get("spec", {}).get("replicas", 0)
+                if obj.get("status", {}).get("readyReplicas") != wanted:
+                    obj.patch({"status": {"replicas": wanted, "readyReplicas": wanted}})
+            await asyncio.sleep(0.02)  # ok-sleep: the stand-in controller's resync period
+
+    task = asyncio.create_task(loop())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+@pytest.fixture
+def operator_token(role_headers: dict[Any, dict[str, str]]) -> str:
+    """A real operator-role token of the live control plane."""
+    from weightship.schemas import Role
+
+    return role_headers[Role.operator]["Authorization"].removeprefix("Bearer ")
+
+
+@pytest.fixture
+def controlplane(
+    live_controlplane: LiveControlPlane, seed_versions: Callable[..., dict[str, str]], operator_token: str
+) -> tuple[str, dict[str, str]]:
+    """(url, {label: digest}) of a live control plane with model chat and deployment chat-prod."""
+    from weightship.client import Client
+
+    digests = seed_versions("chat")
+    admin = {"Authorization": "Bearer ws_test-bootstrap-admin-0123456789abcdef"}
+    with Client(live_controlplane.url, admin["Authorization"].removeprefix("Bearer ")) as client:
+        client.create_deployment("chat-prod", "chat")
+    return live_controlplane.url, digests
+
+
+class Operators:
+    """Real kopf operators against kmock, started and stopped by tests."""
+
+    def __init__(self, server: VersionedEmulator, cp_url: str, token: str) -> None:
+        self.server = server
+        self.cp_url = cp_url
+        self.token = token
+        self.running: dict[str, tuple[asyncio.Task[None], asyncio.Event, Any]] = {}
+
+    def start(self, identity: str, *, lease_seconds: float = 1.5) -> Any:
+        """Start an operator named ``identity``; returns its leader handle."""
+        import kopf
+
+        config = OperatorConfig(
+            controlplane_url=self.cp_url, token=self.token, kube_server=str(self.server.url).rstrip("/"),
+            identity=identity, lease_namespace=NAMESPACE, lease_seconds=lease_seconds, interval=0.2,
+        )  # fmt: skip
+        registry, leader = build_registry(config)
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            kopf.operator(registry=registry, standalone=True, clusterwide=True, stop_flag=stop), name=identity
+        )
+        self.running[identity] = (task, stop, leader)
+        return leader
+
+    async def stop(self, identity: str) -> None:
+        """Stop one operator gracefully (its cleanup runs)."""
+        task, stop, _ = self.running.pop(identity)
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, timeout=20)
+
+
+@pytest_asyncio.fixture
+async def operators(
+    kmock_server: VersionedEmulator, controlplane: tuple[str, dict[str, str]], operator_token: str
+) -> AsyncIterator[Operators]:
+    """Start operators with ``operators.start(identity)``; all stop at the end."""
+    ops = Operators(kmock_server, controlplane[0], operator_token)
+    yield ops
+    for identity in list(ops.running):
+        await ops.stop(identity)
+
+
+class Webhook:
+    """A real HTTP analysis hook; ``answers`` is popped front to back, the last one repeats."""
+
+    def __init__(self) -> None:
+        self.answers: list[Any] = [{"value": 0.001}]
+        self.calls: list[dict[str, Any]] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.calls.append(await request.json())
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return web.json_response(answer)
+
+
+@pytest_asyncio.fixture
+async def webhook() -> AsyncIterator[Webhook]:
+    """The hook, listening on a loopback port."""
+    hook = Webhook()
+    app = web.Application()
+    app.router.add_post("/judge", hook.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    hook.url = f"http://127.0.0.1:{port}/judge"
+    yield hook
+    await runner.cleanup()
