@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from controlplane.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
-from tests.agent.agent_processes import poll_until
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.controlplane.conftest import fake_digest
 from tests.controlplane.test_fleet import BackgroundPoll, Headers
+from weightship.testing import eventually as poll_until
 
 pytestmark = [
     pytest.mark.timeout(180),
