@@ -46,7 +46,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from weightship.client import Client
 from weightship.sizes import parse_size
 from weightship.testing import eventually as wait_until
-from weightship.testing import free_port
+from weightship.testing import free_port, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN = "ws_bench-fetch-admin-token-0123456789abcdef"
@@ -321,11 +320,7 @@ def main() -> None:
         static_port = free_port()
         bench.spawn([PY, __file__, "--serve-static", str(blob_dir), str(static_port)], "static.log")
         # The control plane refuses a public URL on loopback where nothing listens yet.
-        wait_until(
-            lambda: socket.create_connection(("127.0.0.1", static_port), timeout=1).close() or True,
-            60,
-            "the static origin",
-        )
+        wait_for_port(static_port, 60)
         origins = {"sendfile": bench.controlplane(f"http://127.0.0.1:{static_port}"), "controlplane": cp_url}
 
         results: dict[str, dict[str, Any]] = {}

@@ -64,7 +64,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_loader.loader import Loader, LoadOptions
+from gpu_loader.loader import Loader, LoadOptions, VerifyMode
 from gpu_loader.model import LlamaConfig, build_model
 from gpu_loader.modelgen import generate
 from weightship.digests import hex_of
@@ -166,7 +166,7 @@ def h2d(device: str, total: int) -> Callable[[], None]:
 def pinned_read_h2d(files: list[Path], device: str, readers: int, block: int) -> Callable[[], None]:
     """Readers fill pinned buffers and overlap each copy to the device with their next read."""
     buffers = [torch.empty(block, dtype=torch.uint8, pin_memory=True) for _ in range(2 * readers + 2)]
-    streams = [torch.cuda.Stream(device=device) for _ in range(readers)]
+    streams = [torch.cuda.Stream(device=device) for _ in range(readers)]  # type: ignore[no-untyped-call]  # torch leaves Stream.__new__ unannotated
     sizes = [p.stat().st_size for p in files]
     work = [(i, off, min(block, size - off)) for i, size in enumerate(sizes) for off in range(0, size, block)]
 
@@ -197,7 +197,7 @@ def pinned_read_h2d(files: list[Path], device: str, readers: int, block: int) ->
                     done += os.preadv(fds[file], [memory[done:]], offset + done)
                 with torch.cuda.stream(stream):
                     dests[file][offset : offset + length].copy_(buffer[:length], non_blocking=True)
-                    event = torch.cuda.Event(blocking=True)
+                    event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]  # torch leaves Event.__new__ unannotated
                     event.record(stream)
                 free.put((buffer, event))
 
@@ -287,14 +287,14 @@ def main() -> None:
         loader = Loader(LoadOptions(checksum_dir=checksums))
         mapped = Loader(LoadOptions(checksum_dir=checksums, cpu_mapped=True))
 
-        def load(which: Loader, verify: str) -> Callable[[], None]:
-            return lambda: which.load(version, device=args.device, verify=verify)  # type: ignore[arg-type]
+        def load(which: Loader, verify: VerifyMode) -> Callable[[], object]:
+            return lambda: which.load(version, device=args.device, verify=verify)
 
         def load_module() -> None:
             module = build_model(made.config)
             loader.load_into(module, version, device=args.device, verify="full")
 
-        methods: dict[str, Callable[[], None]] = {
+        methods: dict[str, Callable[[], object]] = {
             "raw_stream": lambda: raw_stream(files),
             "raw_fresh": lambda: raw_fresh(files),
             "safetensors": lambda: stock_safetensors(files, args.device),

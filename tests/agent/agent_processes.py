@@ -21,6 +21,8 @@ import httpx
 from weightship.schemas import LocalDeployment, NodeHeartbeat
 from weightship.testing import eventually_async as eventually
 
+__all__ = ["POLL", "REPO", "AgentProcess", "Spawn", "eventually"]
+
 REPO = Path(__file__).resolve().parents[2]
 _T = TypeVar("_T")
 POLL = 0.05

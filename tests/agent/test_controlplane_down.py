@@ -29,7 +29,7 @@ async def test_agent_keeps_serving_and_reconnects_with_backoff_when_the_control_
 
     fleet.cp.kill()  # the control plane process dies, long-polls and all
     delays = await eventually(
-        lambda: (d := retry_delays(agent.log(), "desired")) and len(d) >= 5 and d, 30, "five reconnect attempts"
+        lambda: d if len(d := retry_delays(agent.log(), "desired")) >= 5 else None, 30, "five reconnect attempts"
     )
     # Exponential with ±20% jitter from 0.05 s, capped at 1 s (the test's --backoff-max).
     assert delays[3] > delays[0] * 3, f"backoff does not grow: {delays}"

@@ -47,9 +47,9 @@ async def test_agent_serves_what_the_real_control_plane_points_at_and_survives_i
 
         controlplane.stop()
         await eventually(lambda: "controlplane.unreachable" in agent.log(), 20, "the agent to notice the outage")
-        view = await agent.deployment()
-        assert view is not None
-        assert (view.digest, view.ready) == (v1.version.digest, True), "the node keeps serving during the outage"
+        during = await agent.deployment()
+        assert during is not None
+        assert (during.digest, during.ready) == (v1.version.digest, True), "the node keeps serving during the outage"
 
         controlplane.start()
         await controlplane.ready()

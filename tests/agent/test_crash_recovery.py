@@ -102,11 +102,11 @@ async def test_repeated_kill9_at_different_moments_still_ends_with_a_verified_ve
     for fraction in (0.1, 0.4, 0.8):
         await agent.ready()
         target = max(1, int(total_chunks * fraction))
-        await eventually(
-            lambda target=target: len(journaled(agent, big)) >= target or _ready(agent, big),
-            60,
-            f"{target} chunks journaled",
-        )
+
+        def enough(target: int = target) -> bool:
+            return len(journaled(agent, big)) >= target or _ready(agent, big)
+
+        await eventually(enough, 60, f"{target} chunks journaled")
         agent.kill9()
         if not _ready(agent, big):
             assert not (agent.data_dir / "versions" / hex_of(big.digest)).exists()

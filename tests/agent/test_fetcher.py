@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -104,7 +104,7 @@ async def test_chunks_held_locally_are_copied_not_downloaded(
     assert counters.bytes_copied_locally == manifest.total_size
 
 
-async def _bad_origin(handler: Callable[[web.Request], web.Response]) -> tuple[web.AppRunner, str]:
+async def _bad_origin(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_get("/blobs/{sha}", handler)
     runner = web.AppRunner(app)

@@ -29,7 +29,7 @@ def operator(role_headers: dict[Role, Headers]) -> Headers:
 @pytest.fixture
 def versions(seed_versions: Any) -> dict[str, str]:
     """Ready versions v1..v3 of model ``llama``, another model's v1 (as ``other``), and a non-ready one."""
-    digests = seed_versions("llama")
+    digests: dict[str, str] = seed_versions("llama")
     digests["other"] = seed_versions("mistral", labels=("v1",))["v1"]
     digests["broken"] = seed_versions("llama", labels=("broken",), state="failed")["broken"]
     return digests

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
 from weightship.client import Client
+from weightship.testing import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

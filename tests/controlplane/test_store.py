@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -343,6 +344,7 @@ def test_boto_is_configured_with_the_policy(s3_server: str, s3_bucket: str) -> N
     """Timeouts and botocore's own retries come from the retry policy."""
     policy = RetryPolicy(sdk_attempts=4, connect_timeout=1.5, read_timeout=2.5)
     client = S3Store(s3_bucket, endpoint_url=s3_server, policy=policy).client
-    assert client.meta.config.connect_timeout == 1.5
-    assert client.meta.config.read_timeout == 2.5
-    assert client.meta.config.retries["total_max_attempts"] == 4
+    config: Any = client.meta.config  # botocore-stubs' Config declares none of the options it holds
+    assert config.connect_timeout == 1.5
+    assert config.read_timeout == 2.5
+    assert config.retries["total_max_attempts"] == 4

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Coroutine
 from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from weightship.schemas import LocalDeployment, ValidationReport
+
+_T = TypeVar("_T")
 
 
 class FakeLocalAgent:
@@ -42,7 +46,7 @@ class FakeLocalAgent:
         self._thread.join(timeout=10)
         self._loop.close()
 
-    def _call(self, coro) -> Future:  # type: ignore[type-arg]
+    def _call(self, coro: Coroutine[Any, Any, _T]) -> Future[_T]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def _start(self) -> str:

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_loader.loader import Loader, LoadOptions, resolve_device
+from gpu_loader.loader import Loader, LoadOptions, VerifyMode, resolve_device
 from gpu_loader.modelgen import generate
 from gpu_loader.sharding import ShardSpec
+from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import odd_tensors, stage
 from weightship.errors import ValidationError
 
@@ -50,7 +51,7 @@ def same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
 @pytest.mark.parametrize("shard", [None, ShardSpec(1, 2, split)], ids=["whole", "tp"])
 @pytest.mark.parametrize("dtype", [None, torch.float16], ids=["stored", "cast"])
 @pytest.mark.parametrize("verify", MODES)
-def test_owned_tensors_are_64_byte_aligned_when_the_data_section_is_not(odd_version, verify, dtype, shard) -> None:
+def test_owned_tensors_are_64_byte_aligned_when_the_data_section_is_not(odd_version: Path, verify: VerifyMode, dtype: torch.dtype | None, shard: ShardSpec | None) -> None:
     with Loader(SMALL) as loader:
         result = loader.load(odd_version, verify=verify, dtype=dtype, shard=shard)
     for name, (_, tensor) in odd_tensors().items():
@@ -62,7 +63,7 @@ def test_owned_tensors_are_64_byte_aligned_when_the_data_section_is_not(odd_vers
 
 @pytest.mark.parametrize("mapped", [False, True], ids=["owned", "mapped"])
 @pytest.mark.parametrize("verify", MODES)
-def test_fp8_integer_and_zero_size_tensors_keep_their_dtype_and_shape_under_a_cast(odd_version, verify, mapped) -> None:
+def test_fp8_integer_and_zero_size_tensors_keep_their_dtype_and_shape_under_a_cast(odd_version: Path, verify: VerifyMode, mapped: bool) -> None:
     options = LoadOptions(readers=2, block_size=16 * 1024, cpu_mapped=mapped)
     with Loader(options) as loader:
         tensors = loader.load(odd_version, verify=verify, dtype=torch.float32).tensors
@@ -78,7 +79,7 @@ def test_fp8_integer_and_zero_size_tensors_keep_their_dtype_and_shape_under_a_ca
 @pytest.mark.parametrize("shard", [None, ShardSpec(0, 2, split)], ids=["whole", "tp"])
 @pytest.mark.parametrize("mapped", [False, True], ids=["owned", "mapped"])
 @pytest.mark.parametrize("verify", MODES)
-def test_casting_on_arrival_is_exact_in_every_mode(versions, verify, mapped, shard) -> None:
+def test_casting_on_arrival_is_exact_in_every_mode(versions: Versions, verify: VerifyMode, mapped: bool, shard: ShardSpec | None) -> None:
     options = LoadOptions(readers=3, block_size=24 * 1024, cpu_mapped=mapped)
     with Loader() as plain:
         stored = plain.load(versions.sharded, verify="trust", shard=shard).tensors
@@ -89,7 +90,7 @@ def test_casting_on_arrival_is_exact_in_every_mode(versions, verify, mapped, sha
         assert same_bytes(cast[name], tensor.float()), name
 
 
-def test_one_scratch_buffer_is_enough_for_a_rank_that_hashes_other_ranks_rows(versions) -> None:
+def test_one_scratch_buffer_is_enough_for_a_rank_that_hashes_other_ranks_rows(versions: Versions) -> None:
     options = LoadOptions(readers=3, block_size=16 * 1024, staging_buffers=1)
     with Loader(options) as loader:
         result = loader.load(versions.sharded, verify="full", dtype=torch.float32, shard=ShardSpec(1, 2, split))
@@ -132,7 +133,7 @@ def f32_version(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("verify", MODES)
-def test_loading_f32_as_bf16_peaks_near_the_output_size(f32_version, verify) -> None:
+def test_loading_f32_as_bf16_peaks_near_the_output_size(f32_version: Path, verify: VerifyMode) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
         [sys.executable, "-c", PEAK_SCRIPT, str(f32_version), verify],
@@ -154,7 +155,7 @@ def test_loading_f32_as_bf16_peaks_near_the_output_size(f32_version, verify) -> 
         ("mps", 1, "use 'cpu' or 'cuda:N'"),
     ],
 )
-def test_a_device_this_host_does_not_have_is_refused_clearly(device, count, message) -> None:
+def test_a_device_this_host_does_not_have_is_refused_clearly(device: str, count: int, message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         resolve_device(device, device_count=count)
 
@@ -164,7 +165,7 @@ def test_a_device_index_the_host_has_is_kept() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
 
 
-def test_loading_onto_a_missing_gpu_fails_before_reading(versions) -> None:
+def test_loading_onto_a_missing_gpu_fails_before_reading(versions: Versions) -> None:
     if torch.cuda.is_available():
         pytest.skip("this host has a GPU")
     with Loader() as loader, pytest.raises(ValidationError, match="no CUDA device"):

@@ -6,6 +6,7 @@ import hashlib
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_crc_only_check() -> None:
     assert not run_check(Expectation(sha256=None, crc32=zlib.crc32(DATA) ^ 1), split(DATA, 4))[0].ok
 
 
-def test_record_round_trips_and_is_tied_to_file_identity(tmp_path) -> None:
+def test_record_round_trips_and_is_tied_to_file_identity(tmp_path: Path) -> None:
     store = ChecksumStore(tmp_path)
     record = ChecksumRecord(DIGEST)
     record.add("model.safetensors", (1, 2, 3, 4), 0, 123)
@@ -70,7 +71,7 @@ def test_record_round_trips_and_is_tied_to_file_identity(tmp_path) -> None:
     assert again.expected("model.safetensors", (1, 2, 3, 4), 1) is None
 
 
-def test_unreadable_record_is_empty_and_unwritable_store_is_not_an_error(tmp_path) -> None:
+def test_unreadable_record_is_empty_and_unwritable_store_is_not_an_error(tmp_path: Path) -> None:
     store = ChecksumStore(tmp_path)
     (tmp_path / f"{'ab' * 32}.json").write_text("{not json")
     assert store.read(DIGEST).files == {}
@@ -82,6 +83,6 @@ def test_unreadable_record_is_empty_and_unwritable_store_is_not_an_error(tmp_pat
 
 
 @pytest.mark.parametrize("doc", ['{"schema": "other"}', '{"schema": "weightship.gpu_loader.crc32/v1", "digest": "sha256:' + "cd" * 32 + '"}'])
-def test_record_of_another_schema_or_version_is_ignored(tmp_path, doc) -> None:
+def test_record_of_another_schema_or_version_is_ignored(tmp_path: Path, doc: str) -> None:
     (tmp_path / f"{'ab' * 32}.json").write_text(doc)
     assert ChecksumStore(tmp_path).read(DIGEST).files == {}

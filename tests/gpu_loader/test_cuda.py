@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,14 @@ import torch
 
 from gpu_loader.errors import ChunkMismatchError
 from gpu_loader.golden import GOLDEN_FILE, check_golden, parse_golden
-from gpu_loader.loader import Loader, LoadOptions
+from gpu_loader.loader import Loader, LoadOptions, VerifyMode
 from gpu_loader.model import LlamaConfig, build_model, column_parallel
 from gpu_loader.modelgen import generate
 from gpu_loader.sharding import ShardSpec
 from gpu_loader.targets import CudaTarget
 from gpu_loader.validation import validate
 from gpu_loader.version import open_version
+from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import manifest_of, odd_tensors, stage
 from weightship.testing import eventually as poll_until
 
@@ -69,14 +71,14 @@ def slow_copies(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def delayed(self: CudaTarget, reader: int, file: int, block, buf):  # type: ignore[no-untyped-def]
         with torch.cuda.device(self.device), torch.cuda.stream(self._streams[reader]):
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(SLEEP_CYCLES)  # type: ignore[no-untyped-call]  # torch leaves this private helper unannotated
         return original(self, reader, file, block, buf)
 
     monkeypatch.setattr(CudaTarget, "after_read", delayed)
 
 
 @pytest.mark.parametrize("verify", MODES)
-def test_staging_buffers_are_not_refilled_before_their_copy_ran(versions, slow_copies, verify) -> None:
+def test_staging_buffers_are_not_refilled_before_their_copy_ran(versions: Versions, slow_copies: None, verify: VerifyMode) -> None:
     ref = cpu_reference(versions.sharded)
     with Loader(TIGHT) as loader:
         result = loader.load(versions.sharded, device="cuda:0", verify=verify)
@@ -86,9 +88,9 @@ def test_staging_buffers_are_not_refilled_before_their_copy_ran(versions, slow_c
 
 
 @pytest.mark.parametrize("verify", MODES)
-def test_tensors_used_on_a_non_default_stream_as_they_arrive_hold_their_bytes(versions, slow_copies, verify) -> None:
+def test_tensors_used_on_a_non_default_stream_as_they_arrive_hold_their_bytes(versions: Versions, slow_copies: None, verify: VerifyMode) -> None:
     ref = cpu_reference(versions.sharded)
-    consumer = torch.cuda.Stream(device="cuda:0")
+    consumer = torch.cuda.Stream(device="cuda:0")  # type: ignore[no-untyped-call]  # torch leaves Stream.__new__ unannotated
     got: dict[str, torch.Tensor] = {}
     with Loader(TIGHT) as loader, torch.cuda.stream(consumer):
         for name, tensor in loader.session(versions.sharded, device="cuda:0", verify=verify):
@@ -98,7 +100,7 @@ def test_tensors_used_on_a_non_default_stream_as_they_arrive_hold_their_bytes(ve
 
 
 @pytest.mark.parametrize("verify", MODES)
-def test_tensor_parallel_rank_gets_exactly_its_rows(versions, slow_copies, verify) -> None:
+def test_tensor_parallel_rank_gets_exactly_its_rows(versions: Versions, slow_copies: None, verify: VerifyMode) -> None:
     shard = ShardSpec(1, 2, column_parallel)
     ref = cpu_reference(versions.sharded, shard)
     with Loader(TIGHT) as loader:
@@ -110,7 +112,7 @@ def test_tensor_parallel_rank_gets_exactly_its_rows(versions, slow_copies, verif
 
 
 @pytest.mark.parametrize("verify", MODES)
-def test_cast_on_arrival_is_exact_and_peaks_near_the_output(tmp_path, slow_copies, verify) -> None:
+def test_cast_on_arrival_is_exact_and_peaks_near_the_output(tmp_path: Path, slow_copies: None, verify: VerifyMode) -> None:
     generate(tmp_path / "model", size_mb=16, seed=5, shards=2, dtype="float32")
     version = stage(tmp_path / "model", tmp_path / "data")
     ref = {n: t.to(torch.bfloat16) for n, t in cpu_reference(version).items()}
@@ -123,11 +125,12 @@ def test_cast_on_arrival_is_exact_and_peaks_near_the_output(tmp_path, slow_copie
         peak = torch.cuda.max_memory_allocated(0) - baseline
     assert_same(result.tensors, ref)
     output = sum(t.numel() * t.element_size() for t in result.tensors.values())
+    assert TIGHT.readers is not None
     landing = TIGHT.readers * BLOCK  # one block per reader where cast pieces land before their cast
     assert peak <= 1.2 * output + landing, (peak, output)
 
 
-def test_odd_file_aligned_fp8_kept_zero_size_tensors_loaded(odd_version) -> None:
+def test_odd_file_aligned_fp8_kept_zero_size_tensors_loaded(odd_version: Path) -> None:
     with Loader(TIGHT) as loader:
         tensors = loader.load(odd_version, device="cuda:0", verify="full", dtype=torch.float16).tensors
     for name, (_, want) in odd_tensors().items():
@@ -141,7 +144,7 @@ def test_odd_file_aligned_fp8_kept_zero_size_tensors_loaded(odd_version) -> None
     assert tensors["model.empty.weight"].shape == (0, 16)
 
 
-def test_a_copy_that_raises_still_fences_its_staging_buffer(versions, monkeypatch) -> None:
+def test_a_copy_that_raises_still_fences_its_staging_buffer(versions: Versions, monkeypatch: pytest.MonkeyPatch) -> None:
     fences: list[object] = []
     original = CudaTarget.after_read
 
@@ -166,7 +169,7 @@ def test_a_copy_that_raises_still_fences_its_staging_buffer(versions, monkeypatc
         assert ring.free_count() == ring.count
 
 
-def test_bad_chunk_is_refused_and_the_ring_survives(versions, fresh_copy) -> None:
+def test_bad_chunk_is_refused_and_the_ring_survives(versions: Versions, fresh_copy: Callable[[Path], Path]) -> None:
     version = fresh_copy(versions.sharded)
     entry = manifest_of(version).file("model-00002-of-00003.safetensors")
     with open(version / entry.path, "r+b") as handle:
@@ -189,7 +192,7 @@ class Boom(Exception):
 
 
 @pytest.mark.parametrize("how", ["break", "raise"])
-def test_stopping_early_leaves_no_threads_a_full_ring_and_memory_at_baseline(versions, slow_copies, how) -> None:
+def test_stopping_early_leaves_no_threads_a_full_ring_and_memory_at_baseline(versions: Versions, slow_copies: None, how: str) -> None:
     threads = threading.active_count()
     with Loader(TIGHT) as loader:
         loader.load(versions.sharded, device="cuda:0", verify="trust", names=["model.norm.weight"])  # builds the ring
@@ -214,7 +217,7 @@ def test_stopping_early_leaves_no_threads_a_full_ring_and_memory_at_baseline(ver
         assert torch.cuda.memory_allocated(0) == baseline
 
 
-def test_pinned_ring_is_exact_capped_shared_and_given_back(versions) -> None:
+def test_pinned_ring_is_exact_capped_shared_and_given_back(versions: Versions) -> None:
     stats = torch.cuda.host_memory_stats
     before = stats().get("allocated_bytes.current", 0)
     options = LoadOptions(readers=4, block_size=BLOCK, staging_buffers=10, pinned_limit=3 * BLOCK)
@@ -241,7 +244,7 @@ print("context-on-gpu0", torch._C._cuda_hasPrimaryContext(0), torch._C._cuda_has
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_a_load_onto_cuda1_creates_no_context_on_gpu0(versions) -> None:
+def test_a_load_onto_cuda1_creates_no_context_on_gpu0(versions: Versions) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
         [sys.executable, "-c", CONTEXT_SCRIPT, str(versions.single)],
@@ -251,7 +254,7 @@ def test_a_load_onto_cuda1_creates_no_context_on_gpu0(versions) -> None:
     assert "context-on-gpu0 False True" in out.stdout, out.stdout
 
 
-def test_model_passes_validation_in_bfloat16(versions) -> None:
+def test_model_passes_validation_in_bfloat16(versions: Versions) -> None:
     version = open_version(versions.sharded)
     config = LlamaConfig.from_json(version.read_file("config.json"))
     model = build_model(config)

@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from gpu_loader.golden import GOLDEN_FILE, check_golden, parse_golden
-from gpu_loader.loader import Loader, LoadOptions, load_into_module, load_state_dict
+from gpu_loader.loader import Loader, LoadOptions, LoadSession, VerifyMode, load_into_module, load_state_dict
 from gpu_loader.model import LlamaConfig, build_model, column_parallel
 from gpu_loader.sharding import ShardSpec
+from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import CHUNK, manifest_of
 
 
@@ -34,7 +35,7 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
 
 @pytest.mark.parametrize("mapped", [False, True], ids=["owned", "mapped"])
 @pytest.mark.parametrize("verify", ["full", "fast", "trust"])
-def test_sharded_version_loads_bit_exact_in_every_mode(versions, verify, mapped) -> None:
+def test_sharded_version_loads_bit_exact_in_every_mode(versions: Versions, verify: VerifyMode, mapped: bool) -> None:
     options = LoadOptions(block_size=64 * 1024, readers=3, cpu_mapped=mapped)
     with Loader(options) as loader:
         result = loader.load(versions.sharded, verify=verify)
@@ -43,7 +44,7 @@ def test_sharded_version_loads_bit_exact_in_every_mode(versions, verify, mapped)
     assert result.stats.files == 3
 
 
-def test_full_verify_hashes_every_chunk_of_the_weights(versions) -> None:
+def test_full_verify_hashes_every_chunk_of_the_weights(versions: Versions) -> None:
     manifest = manifest_of(versions.sharded)
     weights = [f for f in manifest.files if f.path.endswith(".safetensors")]
     with Loader() as loader:
@@ -52,14 +53,14 @@ def test_full_verify_hashes_every_chunk_of_the_weights(versions) -> None:
     assert stats.bytes_read == sum(f.size for f in weights)
 
 
-def test_trust_reads_only_tensor_bytes_and_hashes_nothing(versions) -> None:
+def test_trust_reads_only_tensor_bytes_and_hashes_nothing(versions: Versions) -> None:
     with Loader() as loader:
         stats = loader.load(versions.sharded, verify="trust").stats
     assert stats.chunks_sha256 == stats.chunks_crc32 == 0
     assert stats.bytes_read == stats.tensor_bytes
 
 
-def test_fast_verify_hashes_once_then_checks_crc32_records(versions, tmp_path) -> None:
+def test_fast_verify_hashes_once_then_checks_crc32_records(versions: Versions, tmp_path: Path) -> None:
     options = LoadOptions(checksum_dir=tmp_path / "crc")
     with Loader(options) as loader:
         first = loader.load(versions.sharded, verify="fast").stats
@@ -70,7 +71,7 @@ def test_fast_verify_hashes_once_then_checks_crc32_records(versions, tmp_path) -
     assert second.chunks_crc32 == first.chunks_sha256
 
 
-def test_dtype_cast_applies_to_floating_weights(versions) -> None:
+def test_dtype_cast_applies_to_floating_weights(versions: Versions) -> None:
     tensors = load_state_dict(versions.single, dtype=torch.float32, verify="trust")
     ref = reference(versions.single)
     for name, tensor in tensors.items():
@@ -79,7 +80,7 @@ def test_dtype_cast_applies_to_floating_weights(versions) -> None:
 
 
 @pytest.mark.parametrize("verify", ["full", "trust"])
-def test_tensor_parallel_ranks_get_their_rows_and_reassemble(versions, verify) -> None:
+def test_tensor_parallel_ranks_get_their_rows_and_reassemble(versions: Versions, verify: VerifyMode) -> None:
     ref = reference(versions.sharded)
     size = 2
     parts = []
@@ -113,13 +114,13 @@ def test_tensor_parallel_ranks_get_their_rows_and_reassemble(versions, verify) -
         assert parts[0].stats.bytes_read == sum(min(CHUNK, sizes[p] - c * CHUNK) for p, c in chunks)
 
 
-def test_names_selects_a_subset(versions) -> None:
+def test_names_selects_a_subset(versions: Versions) -> None:
     wanted = ["lm_head.weight", "model.norm.weight"]
     tensors = load_state_dict(versions.sharded, names=wanted, verify="full")
     assert sorted(tensors) == wanted
 
 
-def test_session_hands_out_each_tensor_once(versions) -> None:
+def test_session_hands_out_each_tensor_once(versions: Versions) -> None:
     with Loader(LoadOptions(block_size=64 * 1024)) as loader:
         session = loader.session(versions.sharded, verify="full")
         names = [name for name, _ in session]
@@ -128,7 +129,7 @@ def test_session_hands_out_each_tensor_once(versions) -> None:
     assert session.stats.tensors == len(names)
 
 
-def test_model_loaded_from_meta_reproduces_its_golden_outputs(versions) -> None:
+def test_model_loaded_from_meta_reproduces_its_golden_outputs(versions: Versions) -> None:
     config = LlamaConfig.from_json((versions.sharded / "config.json").read_bytes())
     model = build_model(config, dtype=torch.float32)
     stats = load_into_module(model, versions.sharded, dtype=torch.float32, verify="full")
@@ -139,14 +140,14 @@ def test_model_loaded_from_meta_reproduces_its_golden_outputs(versions) -> None:
     assert result.error == 0.0
 
 
-def test_one_loader_serves_many_loads(versions) -> None:
+def test_one_loader_serves_many_loads(versions: Versions) -> None:
     with Loader() as loader:
         for version in (versions.sharded, versions.variant, versions.sharded):
             result = loader.load(version, verify="fast")
             assert result.version.digest == manifest_of(version).digest
 
 
-def test_manifest_can_be_passed_for_a_plain_directory(versions, tmp_path) -> None:
+def test_manifest_can_be_passed_for_a_plain_directory(versions: Versions, tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     plain.mkdir()
     for path in versions.single.iterdir():
@@ -168,7 +169,7 @@ def test_package_exports_its_public_api() -> None:
     assert "'load_state_dict'" in out.stdout
 
 
-def test_stopping_a_session_early_stops_its_threads(versions) -> None:
+def test_stopping_a_session_early_stops_its_threads(versions: Versions) -> None:
     import threading
 
     before = threading.active_count()
@@ -179,7 +180,7 @@ def test_stopping_a_session_early_stops_its_threads(versions) -> None:
     assert threading.active_count() == before
 
 
-def test_non_strict_module_load_ignores_extra_tensors(versions) -> None:
+def test_non_strict_module_load_ignores_extra_tensors(versions: Versions) -> None:
     config = LlamaConfig.from_json((versions.sharded / "config.json").read_bytes())
     smaller = build_model(LlamaConfig(**{**config.__dict__, "num_hidden_layers": config.num_hidden_layers - 1}))
     with Loader() as loader:
@@ -188,10 +189,10 @@ def test_non_strict_module_load_ignores_extra_tensors(versions) -> None:
     assert all(p.device.type == "cpu" for p in smaller.parameters())
 
 
-def test_a_consumer_error_stops_the_session_threads(versions) -> None:
+def test_a_consumer_error_stops_the_session_threads(versions: Versions) -> None:
     import threading
 
-    def consume(session) -> None:
+    def consume(session: LoadSession) -> None:
         for name, _tensor in session:
             raise KeyError(name)
 

@@ -23,13 +23,13 @@ def digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
-def test_same_arguments_write_byte_identical_files(tmp_path) -> None:
+def test_same_arguments_write_byte_identical_files(tmp_path: Path) -> None:
     generate(tmp_path / "a", size_mb=2, seed=5, shards=2)
     generate(tmp_path / "b", size_mb=2, seed=5, shards=2)
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
 
 
-def test_variant_redraws_only_the_last_shard(tmp_path) -> None:
+def test_variant_redraws_only_the_last_shard(tmp_path: Path) -> None:
     generate(tmp_path / "v1", size_mb=3, seed=5, shards=3)
     generate(tmp_path / "v2", size_mb=3, seed=5, shards=3, variant=1)
     one, two = digests(tmp_path / "v1"), digests(tmp_path / "v2")
@@ -37,7 +37,7 @@ def test_variant_redraws_only_the_last_shard(tmp_path) -> None:
     assert same == {"config.json", "model.safetensors.index.json", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"}
 
 
-def test_cli_writes_a_sharded_hf_llama_layout(tmp_path) -> None:
+def test_cli_writes_a_sharded_hf_llama_layout(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "gpu_loader.modelgen", str(tmp_path / "m"), "--size-mb", "2", "--seed", "1", "--shards", "2"],
         cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
@@ -61,13 +61,13 @@ def test_cli_writes_a_sharded_hf_llama_layout(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("size_mb", [2, 20, 200, 2048])
-def test_size_is_close_to_the_request(size_mb) -> None:
+def test_size_is_close_to_the_request(size_mb: int) -> None:
     config = config_for_size(size_mb)
     weights = sum(torch.Size(s).numel() for s in config.tensor_shapes().values()) * 2
     assert abs(weights / 2**20 - size_mb) / size_mb < 0.15
 
 
-def test_corruptions_damage_the_weights_not_the_golden_file(tmp_path) -> None:
+def test_corruptions_damage_the_weights_not_the_golden_file(tmp_path: Path) -> None:
     generate(tmp_path / "clean", size_mb=2, seed=9)
     generate(tmp_path / "nan", size_mb=2, seed=9, corrupt="nan")
     generate(tmp_path / "noise", size_mb=2, seed=9, corrupt="noise")

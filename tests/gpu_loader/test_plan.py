@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from gpu_loader.model import column_parallel
 from gpu_loader.plan import CPU_ALIGN, CUDA_ALIGN, LoadPlan, make_plan
 from gpu_loader.sharding import ShardSpec, tensor_range
+from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import manifest_of
 
 
 def plan_for(
-    version, *, chunked: bool, block_size: int, shard: ShardSpec | None, align: int = CPU_ALIGN, cast_itemsize=None
+    version: Path, *, chunked: bool, block_size: int, shard: ShardSpec | None, align: int = CPU_ALIGN,
+    cast_itemsize: Callable[[str], int | None] | None = None,
 ) -> LoadPlan:
     manifest = manifest_of(version)
     files = [(f, list(f.safetensors.tensors)) for f in manifest.files if f.safetensors is not None]
@@ -32,7 +36,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("chunked", "block", "shard"), CASES)
-def test_pieces_tile_blocks_and_blocks_tile_items(versions, chunked, block, shard) -> None:
+def test_pieces_tile_blocks_and_blocks_tile_items(versions: Versions, chunked: bool, block: int, shard: ShardSpec | None) -> None:
     plan = plan_for(versions.sharded, chunked=chunked, block_size=block, shard=shard)
     for item in plan.items:
         assert item.blocks[0].start == item.start
@@ -43,12 +47,12 @@ def test_pieces_tile_blocks_and_blocks_tile_items(versions, chunked, block, shar
             assert b.length <= block
             assert b.pieces[0].start == b.start
             assert sum(p.length for p in b.pieces) == b.length
-            for before, after in zip(b.pieces, b.pieces[1:], strict=False):
-                assert before.start + before.length == after.start
+            for piece, following in zip(b.pieces, b.pieces[1:], strict=False):
+                assert piece.start + piece.length == following.start
 
 
 @pytest.mark.parametrize(("chunked", "block", "shard"), CASES)
-def test_every_needed_byte_lands_once_in_its_slot(versions, chunked, block, shard) -> None:
+def test_every_needed_byte_lands_once_in_its_slot(versions: Versions, chunked: bool, block: int, shard: ShardSpec | None) -> None:
     plan = plan_for(versions.sharded, chunked=chunked, block_size=block, shard=shard)
     landed: dict[int, list[tuple[int, int]]] = {}
     for item in plan.items:
@@ -69,7 +73,7 @@ def test_every_needed_byte_lands_once_in_its_slot(versions, chunked, block, shar
         assert touching == [i for i, item in enumerate(plan.items) if index in item.slots]
 
 
-def test_trusted_plan_reads_only_the_rank_rows(versions) -> None:
+def test_trusted_plan_reads_only_the_rank_rows(versions: Versions) -> None:
     shard = ShardSpec(0, 2, column_parallel)
     plan = plan_for(versions.sharded, chunked=False, block_size=1 << 20, shard=shard)
     manifest = manifest_of(versions.sharded)
@@ -79,7 +83,7 @@ def test_trusted_plan_reads_only_the_rank_rows(versions) -> None:
     assert plan.bytes_read == plan.tensor_bytes == expected
 
 
-def test_chunked_plan_reads_whole_chunks(versions) -> None:
+def test_chunked_plan_reads_whole_chunks(versions: Versions) -> None:
     manifest = manifest_of(versions.sharded)
     plan = plan_for(versions.sharded, chunked=True, block_size=1 << 20, shard=None)
     for item in plan.items:
@@ -90,7 +94,7 @@ def test_chunked_plan_reads_whole_chunks(versions) -> None:
 
 @pytest.mark.parametrize("align", [CPU_ALIGN, CUDA_ALIGN])
 @pytest.mark.parametrize(("chunked", "block", "shard"), CASES)
-def test_cast_tensors_take_no_arena_space_and_land_once_in_their_own_output(versions, chunked, block, shard, align) -> None:
+def test_cast_tensors_take_no_arena_space_and_land_once_in_their_own_output(versions: Versions, chunked: bool, block: int, shard: ShardSpec | None, align: int) -> None:
     plan = plan_for(versions.sharded, chunked=chunked, block_size=block, shard=shard, align=align, cast_itemsize=lambda d: 2)
     assert all(slot.cast for slot in plan.slots if slot.nbytes)
     assert all(f.arena_size == 0 for f in plan.files)
@@ -110,6 +114,6 @@ def test_cast_tensors_take_no_arena_space_and_land_once_in_their_own_output(vers
             assert all(x[1] == y[0] for x, y in itertools.pairwise(spans))
 
 
-def test_tensors_whose_elements_could_straddle_a_block_are_not_cast_on_arrival(versions) -> None:
+def test_tensors_whose_elements_could_straddle_a_block_are_not_cast_on_arrival(versions: Versions) -> None:
     plan = plan_for(versions.sharded, chunked=True, block_size=16 * 1024 + 2, shard=None, cast_itemsize=lambda d: 4)
     assert not any(slot.cast for slot in plan.slots)

@@ -45,7 +45,7 @@ REPLICASETS = "apps/v1/replicasets"
 NAMESPACE = "models"
 
 
-class VersionedEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+class VersionedEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with optimistic concurrency: ``resourceVersion`` bumps, stale writes get 409.
 
     ``foreign_writes[(plural, name)] = n`` makes the next ``n`` writes to that object meet a change
@@ -82,7 +82,7 @@ class VersionedEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     sent = meta.get("resourceVersion")
                     if sent is not None and sent != current.get("metadata", {}).get("resourceVersion"):
                         self.conflicts += 1
-                        raise kmock.KubernetesObjectConflictError()
+                        raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
                 meta["resourceVersion"] = str(next(self.counter))
         return await super()._handle(request)
 
@@ -103,19 +103,19 @@ def database_url(tmp_path: Path) -> str:
 async def kmock_server() -> AsyncIterator[VersionedEmulator]:
     """The mock API server with the operator's resources registered."""
     async with VersionedEmulator() as handler, kmock.Server(handler):
-        handler.resources[ROLLOUTS] = {
-            "kind": "ModelRollout", "singular": "modelrollout", "shortnames": {"mro"},
-            "verbs": {"get", "list", "watch", "patch", "create", "delete"}, "subresources": {"status"},
-            "namespaced": True,
-        }  # fmt: skip
+        handler.resources[ROLLOUTS] = kmock.ResourceInfo(
+            kind="ModelRollout", singular="modelrollout", shortnames={"mro"},
+            verbs={"get", "list", "watch", "patch", "create", "delete"}, subresources={"status"},
+            namespaced=True,
+        )  # fmt: skip
         for resource, kind in ((REPLICASETS, "ReplicaSet"), ("coordination.k8s.io/v1/leases", "Lease"),
                                ("v1/events", "Event"), ("v1/services", "Service")):  # fmt: skip
-            handler.resources[resource] = {"kind": kind, "namespaced": True,
-                                           "verbs": {"get", "list", "watch", "patch", "create", "delete"}}  # fmt: skip
+            handler.resources[resource] = kmock.ResourceInfo(kind=kind, namespaced=True,
+                                                             verbs={"get", "list", "watch", "patch", "create", "delete"})  # fmt: skip
         # kopf's namespace and CRD observers wait for these to be discoverable.
         for resource, kind in (("v1/namespaces", "Namespace"),
                                ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition")):  # fmt: skip
-            handler.resources[resource] = {"kind": kind, "namespaced": False, "verbs": {"get", "list", "watch"}}
+            handler.resources[resource] = kmock.ResourceInfo(kind=kind, namespaced=False, verbs={"get", "list", "watch"})
         yield handler
 
 

@@ -50,10 +50,10 @@ def write_lock_held(database_url: str) -> Iterator[None]:
         return
     import psycopg
 
-    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        conn.execute("LOCK TABLE deployments, pointer_events, nodes, tokens IN EXCLUSIVE MODE")
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as pg:
+        pg.execute("LOCK TABLE deployments, pointer_events, nodes, tokens IN EXCLUSIVE MODE")
         yield
-        conn.rollback()
+        pg.rollback()
 
 
 Write = Callable[[httpx.Client], httpx.Response]

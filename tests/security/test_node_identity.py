@@ -225,7 +225,7 @@ async def test_the_agent_enrols_stores_its_node_token_and_reuses_it_after_a_rest
     enrolment = api.token("provisioning")
     agent = start_agent(agents, tmp_path / "agents", "gpu-1", controlplane, enrolment["token"])
     await agent.ready()
-    node = await eventually(lambda: api.node("gpu-1").last_seen and api.node("gpu-1"), 30, "gpu-1 to register")
+    node = await eventually(lambda: api.node("gpu-1") if api.node("gpu-1").last_seen else None, 30, "gpu-1 to register")
     (bound,) = await eventually(lambda: api.node_tokens(node.id), 30, "gpu-1's node token")
 
     # The agent logs the enrolment after storing the node id: the token row can exist a moment earlier.
@@ -254,7 +254,7 @@ async def test_a_second_agent_with_the_enrolment_token_cannot_take_over_a_runnin
     enrolment = api.token("provisioning")["token"]
     owner = start_agent(agents, tmp_path / "owner", "gpu-1", controlplane, enrolment, "--zone", "a")
     await owner.ready()
-    node = await eventually(lambda: api.node("gpu-1").last_seen and api.node("gpu-1"), 30, "gpu-1 to register")
+    node = await eventually(lambda: api.node("gpu-1") if api.node("gpu-1").last_seen else None, 30, "gpu-1 to register")
 
     intruder = start_agent(agents, tmp_path / "intruder", "gpu-1", controlplane, enrolment, "--zone", "evil")
     await intruder.ready()
@@ -276,7 +276,7 @@ async def test_an_agent_whose_node_token_is_revoked_is_refused_then_enrols_again
     enrolment = api.token("provisioning")["token"]
     agent = start_agent(agents, tmp_path / "agents", "gpu-1", controlplane, enrolment)
     await agent.ready()
-    node = await eventually(lambda: api.node("gpu-1").last_seen and api.node("gpu-1"), 30, "gpu-1 to register")
+    node = await eventually(lambda: api.node("gpu-1") if api.node("gpu-1").last_seen else None, 30, "gpu-1 to register")
     (old,) = await eventually(lambda: api.node_tokens(node.id), 30, "gpu-1's node token")
 
     assert api.http.delete(f"/v1/tokens/{old.id}", headers=ADMIN).status_code == 204

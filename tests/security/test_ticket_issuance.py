@@ -121,5 +121,6 @@ def test_a_ticket_request_that_is_malformed_is_refused_before_anything_is_signed
     cp_client: httpx.Client, fleet_state: dict[str, str]
 ) -> None:
     node = _enrol(cp_client, "gpu-1", "chat")
+    body: dict[str, Any]
     for body in ({"versions": []}, {"versions": ["v2"]}, {"versions": [fleet_state["llama-v2"]] * 257}, {}):
         assert cp_client.post("/v1/tickets", json=body, headers=node).status_code == 422, body

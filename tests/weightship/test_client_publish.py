@@ -202,7 +202,7 @@ def _backoff(sleeps: list[float]) -> Backoff:
     return Backoff(attempts=4, sleep=sleeps.append)
 
 
-def _model(make_model: Any, name: str, seed: int, extra: bytes = b"") -> Path:
+def _model(make_model: Callable[..., Path], name: str, seed: int, extra: bytes = b"") -> Path:
     return make_model(name, tensors_mb=0.5, seed=seed, shards=2, extra_files={"tokenizer.json": b"{}" + extra})
 
 

@@ -28,9 +28,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
 from tests.gpu_loader.staged_versions import manifest_of, stage
 from weightship.testing import eventually as poll_until
+from weightship.testing import free_port
 
 PROMPT = {"input_ids": [[5, 17, 42, 7]], "max_new_tokens": 1}
 BAD_PROMPT = {"input_ids": [[10**9]]}  # out of the vocabulary: the server answers 400

@@ -13,9 +13,9 @@ from controlplane.rollouts.actions import MeasureMetric
 from controlplane.rollouts.analysis import MeasurementPhase, is_no_data, judge_measurement
 from controlplane.rollouts.providers import MeasurementError, PrometheusProvider, ProviderRegistry, RolloutContext
 from controlplane.rollouts.spec import parse_spec
-from tests.conftest import free_port
 from tests.controlplane.rollouts.providers.conftest import Fleet, StubServer
 from weightship.errors import TemporaryError
+from weightship.testing import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
