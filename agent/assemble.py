@@ -87,6 +87,8 @@ class Assembler:
         self.counters = counters
         self.executor = executor
         self.protected = protected
+        #: stagings being fetched, by digest: the peer listener serves their verified chunks
+        self.staging: dict[str, Staging] = {}
 
     async def _run(self, fn: Callable[..., _R], *args: object) -> _R:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -162,10 +164,12 @@ class Assembler:
                     progress.trouble_at = datetime.now(UTC)
                     self.on_trouble()  # report "retrying" now, not at the next periodic heartbeat
 
+            self.staging[digest] = staging
             try:
                 local = {**self.store.local_chunks(), **staging.own_chunks()}
                 await self.fetcher.fetch(staging, local, placed, trouble)
             finally:
+                self.staging.pop(digest, None)
                 self.retention.release(digest)
             final = await self._run(staging.finish)
             await self._run(self.store.install, final, manifest)

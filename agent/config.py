@@ -90,6 +90,26 @@ class AgentConfig:
     #: also stage the other versions a deployment keeps (previous stable, canary) once idle
     prefetch: bool = True
     log_level: str = "info"
+    #: ``node`` (a GPU node) or ``cache`` (a read-through chunk cache for a cluster or region)
+    role: str = "node"
+    #: a cache's tier: ``cluster`` (nodes' first stop) or ``region`` (caches' upstream)
+    tier: str = "cluster"
+    #: a cache's upstream: the next tier's peer URL; empty means the origin (via the control plane)
+    upstream: str = ""
+    #: ``host:port`` of the peer listener (``/v1/chunks``); empty: off on a node, ``0.0.0.0:7071`` on a cache
+    peer_listen: str = ""
+    #: the URL others reach the peer listener at (default: derived from ``peer_listen``)
+    peer_address: str = ""
+    #: uploads served at once before requesters get 503 + Retry-After
+    upload_concurrency: int = 16
+    #: upload bytes per second, all uploads together (0: unlimited)
+    upload_bandwidth: int = 0
+    #: a cache's fetches from its upstream in flight at once
+    upstream_concurrency: int = 8
+    #: a cache's upstream bytes per second (0: unlimited)
+    upstream_bandwidth: int = 0
+    #: a cache's chunk store size; least recently used chunks of versions no pointer names go first (0: no bound)
+    cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.control_plane.startswith(("http://", "https://")):
@@ -108,10 +128,24 @@ class AgentConfig:
             raise ValidationError("heartbeat_interval, poll_wait and backoff_initial must be positive")
         if self.backoff_max < self.backoff_initial:
             raise ValidationError("backoff_max must be at least backoff_initial")
+        if self.role not in ("node", "cache") or self.tier not in ("cluster", "region"):
+            raise ValidationError(f"role must be node or cache and tier cluster or region; got {self.role}/{self.tier}")
+        if self.upstream and not self.upstream.startswith(("http://", "https://")):
+            raise ValidationError(f"upstream {self.upstream!r} must be the http(s) URL of the next tier's cache")
+        if self.upload_concurrency < 1 or self.upstream_concurrency < 1:
+            raise ValidationError("upload_concurrency and upstream_concurrency must be at least 1")
+        for key in ("upload_bandwidth", "upstream_bandwidth", "cache_bytes"):
+            if getattr(self, key) < 0:
+                raise ValidationError(f"{key} must not be negative")
+
+    @property
+    def peer_listener(self) -> str:
+        """Where the peer listener binds, or ``""`` when it is off."""
+        return self.peer_listen or ("0.0.0.0:7071" if self.role == "cache" else "")
 
 
-_SIZE_KEYS = {"quota_bytes", "min_free_bytes", "memory_bytes"}
-_INT_KEYS = {"concurrency", "chunk_attempts"}
+_SIZE_KEYS = {"quota_bytes", "min_free_bytes", "memory_bytes", "upload_bandwidth", "upstream_bandwidth", "cache_bytes"}
+_INT_KEYS = {"concurrency", "chunk_attempts", "upload_concurrency", "upstream_concurrency"}
 _FLOAT_KEYS = {"heartbeat_interval", "poll_wait", "backoff_initial", "backoff_max"}
 _ALIASES = {"quota": "quota_bytes", "memory": "memory_bytes", "min_free": "min_free_bytes"}
 
@@ -153,6 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also stage the previous stable and canary versions once idle (default: on)",
     )
     parser.add_argument("--log-level", help="debug, info, warning or error")
+    parser.add_argument("--role", choices=("node", "cache"), help="node (default) or cache")
+    parser.add_argument("--tier", choices=("cluster", "region"), help="a cache's tier (default: cluster)")
+    parser.add_argument("--upstream", help="a cache's upstream: the next tier's peer URL (default: the origin)")
+    parser.add_argument("--peer-listen", help="host:port of the peer listener (default: off; a cache 0.0.0.0:7071)")
+    parser.add_argument("--peer-address", help="URL others reach the peer listener at")
+    parser.add_argument("--upload-concurrency", help="uploads served at once (default 16)")
+    parser.add_argument("--upload-bandwidth", help="upload bytes per second, e.g. 100MB (0: unlimited)")
+    parser.add_argument("--upstream-concurrency", help="a cache's upstream fetches at once (default 8)")
+    parser.add_argument("--upstream-bandwidth", help="a cache's upstream bytes per second (0: unlimited)")
+    parser.add_argument("--cache-bytes", help="a cache's chunk store size, e.g. 500GiB (0: no bound)")
     return parser
 
 

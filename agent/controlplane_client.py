@@ -1,4 +1,4 @@
-"""The agent's calls to the control plane: enrol, register, heartbeat, desired state, blob URLs, manifests.
+"""The agent's calls to the control plane: enrol, register, heartbeat, desired state, blob URLs, manifests, tickets.
 
 An async ``httpx`` client with a bearer token: the node's own node token once it has one
 (``use_token``); ``enrol`` alone sends the enrolment token it is given. Non-2xx answers map
@@ -25,12 +25,16 @@ from weightship.schemas import (
     BlobURL,
     BlobURLRequest,
     BlobURLs,
+    Deployment,
     DesiredState,
     NodeEnrolment,
     NodeEnrolRequest,
     NodeHeartbeat,
     NodeInfo,
     NodeRegistration,
+    TicketGrant,
+    TicketKeys,
+    TicketRequest,
 )
 
 __all__ = ["ControlPlaneClient"]
@@ -160,3 +164,22 @@ class ControlPlaneClient:
         if actual != format_digest(hex_of(digest)):
             raise IntegrityError(f"the control plane sent a manifest hashing to {actual} for {digest}; refused")
         return raw
+
+    async def ticket(self, versions: Sequence[str]) -> TicketGrant:
+        """An entitlement ticket naming this node and ``versions`` (403 for any it is not entitled to)."""
+        body = TicketRequest(versions=list(versions))
+        return self._parse(TicketGrant, await self._send("POST", "/v1/tickets", json=body))
+
+    async def ticket_keys(self) -> TicketKeys:
+        """The public keys tickets are signed with."""
+        return self._parse(TicketKeys, await self._send("GET", "/v1/tickets/keys"))
+
+    async def deployments(self) -> list[Deployment]:
+        """Every deployment and its serving pointer (a cache pins the versions they name)."""
+        response = await self._send("GET", "/v1/deployments")
+        try:
+            return [Deployment.model_validate(item) for item in response.json()]
+        except (ValueError, PydanticValidationError) as exc:
+            raise WeightshipError(
+                f"GET /v1/deployments answered a body that is not a list of deployments: {exc}"
+            ) from None

@@ -32,6 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.assemble import Assembler
+from agent.cache import ReadThroughCache
+from agent.chunkstore import ChunkStore
 from agent.config import AgentConfig
 from agent.controlplane_client import ControlPlaneClient
 from agent.counters import Counters
@@ -40,11 +42,13 @@ from agent.epochs import EpochBook
 from agent.fetcher import Fetcher
 from agent.identity import CREDENTIAL_FILE, NodeCredential, load_credential, new_credential, save_credential
 from agent.localapi import LocalAPI
+from agent.peerserver import ChunkLocator, PeerServer, VersionChunks
 from agent.rangeclient import RangeClient
 from agent.reconcile import Reconciler
 from agent.retention import Retention
 from agent.serving import Serving
 from agent.store import VersionStore
+from agent.tickets import TicketKeeper
 from weightship.backoff import DelaySequence
 from weightship.errors import AuthError, ConflictError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
@@ -125,6 +129,35 @@ class Agent:
             backoff_max=config.backoff_max,
             on_change=self._changed.set,
         )
+        self._peer_setup(assembler)
+
+    def _peer_setup(self, assembler: Assembler) -> None:
+        """The peer listener (when configured; always on a cache), its tickets and, on a cache, the chunk cache."""
+        cfg = self.config
+        self.tickets = TicketKeeper(self.controlplane)
+        self.cache: ReadThroughCache | None = None
+        locator: ChunkLocator = VersionChunks(self.store.ready, self.store.path, assembler.staging)
+        if cfg.role == "cache":
+            self.cache = ReadThroughCache(
+                ChunkStore(self.store.root / "chunks", cfg.cache_bytes),
+                self.controlplane,
+                self.tickets,
+                self.executor,
+                upstream=cfg.upstream,
+                upstream_concurrency=cfg.upstream_concurrency,
+                upstream_bandwidth=cfg.upstream_bandwidth,
+            )
+            locator = self.cache
+        self.peer: PeerServer | None = None
+        if cfg.peer_listener:
+            self.peer = PeerServer(
+                locator,
+                self.tickets,
+                upload_concurrency=cfg.upload_concurrency,
+                upload_bandwidth=cfg.upload_bandwidth,
+                extra_metrics=self.cache.metrics if self.cache is not None else None,
+            )
+        self.peer_url = ""
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -161,6 +194,11 @@ class Agent:
         cfg = self.config
         api = LocalAPI(self.serving, self.heartbeat, self._report)
         self.local_api_url = await api.start(cfg.local_api)
+        if self.cache is not None:
+            await loop.run_in_executor(self.executor, self.cache.store.recover)
+        if self.peer is not None:
+            listening = await self.peer.start(cfg.peer_listener)
+            self.peer_url = cfg.peer_address or listening
         self._write_runtime()
         event(
             log,
@@ -176,6 +214,8 @@ class Agent:
             loop.create_task(self.reconciler.run(), name="reconcile"),
             loop.create_task(self._controlplane_session(), name="controlplane"),
         ]
+        if self.cache is not None:
+            tasks.append(loop.create_task(self.cache.run(), name="cache-refresh"))
         stopping = loop.create_task(stop.wait(), name="stop")
         crashed: BaseException | None = None
         try:
@@ -192,6 +232,10 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await api.stop()
+            if self.peer is not None:
+                await self.peer.stop()
+            if self.cache is not None:
+                await self.cache.close()
             await self.blob_client.close()
             await self.controlplane.aclose()
             self.executor.shutdown(wait=False, cancel_futures=True)
@@ -212,6 +256,7 @@ class Agent:
             "name": self.config.name,
             "node_id": self.node_id,
             "local_api": self.local_api_url,
+            "peer": self.peer_url,
             "control_plane": self.config.control_plane,
             "data_dir": str(self.store.root),
         }
@@ -221,6 +266,8 @@ class Agent:
         while True:
             self.node_id = await self._register()
             self._write_runtime()
+            if self.peer is not None:
+                await self.tickets.keys_until_known()
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._desired_loop(self.node_id))
@@ -230,7 +277,13 @@ class Agent:
 
     async def _register(self) -> str:
         cfg = self.config
-        body = NodeRegistration(name=cfg.name, labels=cfg.labels, role="node", deployments=list(cfg.deployments))
+        body = NodeRegistration(
+            name=cfg.name,
+            labels=cfg.labels,
+            role=cfg.role,
+            address=self.peer_url or None,
+            deployments=list(cfg.deployments),
+        )
         backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         while True:
             try:

@@ -161,4 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for module in (publish, registry, deployments, fleet, tokens):
         app.include_router(module.router)
+    from controlplane.tickets import router as tickets_router
+
+    app.include_router(tickets_router)
     return app

@@ -18,6 +18,8 @@ Tables and what they promise:
   plane (or a store checksum covering exactly those digests) verified every byte of the blob under
   that geometry; never updated. A manifest naming a known blob at a known chunk size must state
   exactly this list.
+- ``ticket_keys``: the ed25519 keys that sign entitlement tickets (``controlplane.tickets``); the
+  newest not retired signs, all not retired are published. Shared by every replica.
 
 Schema changes go through Alembic migrations in ``controlplane/migrations``; the models here
 must match the newest migration (a test checks).
@@ -64,6 +66,7 @@ __all__ = [
     "ModelRow",
     "NodeRow",
     "PointerEventRow",
+    "TicketKeyRow",
     "TokenRow",
     "UploadSessionRow",
     "VersionRow",
@@ -230,6 +233,17 @@ class BlobChunksRow(Base):
     #: hex SHA-256 of each chunk, in order
     chunks: Mapped[list[str]] = mapped_column(JSON)
     verified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class TicketKeyRow(Base):
+    """An ed25519 key that signs entitlement tickets (raw keys, base64url)."""
+
+    __tablename__ = "ticket_keys"
+    kid: Mapped[str] = mapped_column(String(32), primary_key=True)
+    private_key: Mapped[str] = mapped_column(String(64))
+    public_key: Mapped[str] = mapped_column(String(64))
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 #: defaults of ``make_engine``'s bounds, the same as ``Settings``' (seconds, connections)

@@ -59,6 +59,8 @@ class Settings:
     database_statement_timeout_seconds: float = field(
         default_factory=lambda: float(_env("WEIGHTSHIP_DATABASE_STATEMENT_TIMEOUT", "30"))
     )
+    #: lifetime of an entitlement ticket (``controlplane.tickets``); agents renew at half of it
+    ticket_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_TICKET_TTL", "600")))
     #: largest request body accepted on routes without a limit of their own (``controlplane.limits``)
     max_body_bytes: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_MAX_BODY_BYTES", str(64 * 1024))))
 

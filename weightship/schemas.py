@@ -30,6 +30,9 @@ Fleet [node calls: that node's own node token; blob URLs: agent or operator; rea
     GET    /v1/nodes/{id}/desired?after=REV&wait=S                  -> DesiredState (long-poll)
     POST   /v1/blobs/urls                          BlobURLRequest   -> BlobURLs
     GET    /v1/nodes                                                -> list[NodeInfo]
+Tickets [issue: that node's own node token; keys: any role]
+    POST   /v1/tickets                             TicketRequest    -> TicketGrant (403: not entitled)
+    GET    /v1/tickets/keys                                         -> TicketKeys
 Tokens [admin]
     POST   /v1/tokens                              TokenCreate      -> TokenCreated
     GET    /v1/tokens                                               -> list[TokenInfo]
@@ -89,6 +92,9 @@ __all__ = [
     "PointerUpdate",
     "Role",
     "RollbackRequest",
+    "TicketGrant",
+    "TicketKeys",
+    "TicketRequest",
     "TokenCreate",
     "TokenCreated",
     "TokenInfo",
@@ -541,6 +547,31 @@ class TokenCreated(_Schema):
     name: str
     role: Role
     token: str
+
+
+# --- entitlement tickets (weightship.tickets) ---------------------------------------------------
+
+
+class TicketRequest(_Schema):
+    """A node asks for a ticket naming itself and these versions."""
+
+    versions: list[Digest] = Field(min_length=1, max_length=256)
+
+
+class TicketKeys(_Schema):
+    """The public keys tickets are signed with: key id -> raw ed25519 public key, base64url."""
+
+    keys: dict[str, str]
+
+
+class TicketGrant(_Schema):
+    """A signed ticket, what it names, and the keys that verify tickets (so holders need no second call)."""
+
+    ticket: str = Field(description="send as 'Authorization: Ticket <ticket>' to peers, caches and the tracker")
+    node: Name
+    versions: list[Digest]
+    expires_at: datetime
+    keys: dict[str, str] = Field(description="key id -> raw ed25519 public key, base64url")
 
 
 # --- agent local API ---------------------------------------------------------------------------

@@ -1,0 +1,279 @@
+"""The cache role: a read-through chunk cache for a cluster or a region, by chunk digest.
+
+A cache is the agent run with ``--role cache``: no deployments of its own, a peer listener
+(``agent.peerserver``) whose ``ChunkLocator`` is a ``ReadThroughCache``:
+
+1. **What it knows.** Every ``refresh_seconds`` it lists the serving pointers
+   (``GET /v1/deployments``) and reads the manifest of every version they name (stable, previous
+   stable, canary). Those versions' chunks are *pinned* in the ``ChunkStore``; a request for a
+   version it does not know makes it re-read once (at most every ``refresh_seconds``), then 404.
+   The manifest also tells it where chunk ``index`` of ``blob`` lies, and refuses (409) a request
+   whose (blob, index) is not that chunk.
+2. **A hit** is served from disk (``sendfile``). **A miss** is fetched once, however many ask:
+   the first request starts the fetch (a task, so a requester that hangs up does not cancel it
+   for the others) and every request for the same digest awaits it (*single flight*).
+3. **Upstream.** The fetch goes to ``upstream`` (the next tier's cache, ``/v1/chunks`` with the
+   cache's *own* ticket: it is entitled to every version a pointer names; requesters' tickets
+   are never forwarded) or, with no upstream, or when the upstream is unreachable or does not
+   have it, to the origin through a blob URL from the control plane (a ``Range`` read). At most
+   ``upstream_concurrency`` fetches run at once, paced by ``upstream_bandwidth``.
+4. **Verified before stored or served.** The bytes must hash to the chunk digest. If they do
+   not, nothing is stored, every waiting requester gets 502 ``upstream_corrupt``, the event
+   ``cache.upstream_corrupt`` names the source, the counter
+   ``weightship_cache_upstream_corrupt_total{source=...}`` grows, and a corrupt upstream cache
+   is skipped (origin used) for ``avoid_seconds``. The requester falls back up the tiers itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+
+from agent.bandwidth import SLICE, TokenBucket
+from agent.chunkstore import ChunkStore
+from agent.peerserver import ChunkLocation, chunk_path
+from agent.tickets import TicketKeeper
+from weightship.digests import sha256_hex
+from weightship.errors import NotFoundError, TemporaryError, WeightshipError
+from weightship.logs import event
+from weightship.manifest import Manifest, parse_manifest
+from weightship.schemas import BlobURL, Deployment
+
+__all__ = ["CacheStats", "ReadThroughCache", "UpstreamCorrupt"]
+
+log = logging.getLogger("agent.cache")
+
+
+class UpstreamCorrupt(WeightshipError):
+    """The bytes a cache's upstream sent do not hash to the chunk's digest; nothing was stored."""
+
+    status_code = 502
+    code = "upstream_corrupt"
+
+
+class CacheSource(Protocol):
+    """The control-plane calls a cache makes (``ControlPlaneClient``)."""
+
+    async def deployments(self) -> list[Deployment]:
+        """Every deployment and its pointer."""
+
+    async def manifest(self, model: str, digest: str) -> bytes:
+        """A version's manifest bytes, checked against ``digest``."""
+
+    async def blob_urls(self, blobs: list[str]) -> dict[str, BlobURL]:
+        """Read URLs of blobs at the origin."""
+
+
+@dataclass
+class CacheStats:
+    """Counters of one cache, for ``/metrics``."""
+
+    hits: int = 0
+    misses: int = 0
+    waited: int = 0
+    fetches: dict[str, int] = field(default_factory=lambda: {"upstream": 0, "origin": 0})
+    fetch_bytes: dict[str, int] = field(default_factory=lambda: {"upstream": 0, "origin": 0})
+    corrupt: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+
+
+class ReadThroughCache:
+    """``ChunkLocator`` of a cache: hits from the ``ChunkStore``, misses fetched once upstream and verified."""
+
+    def __init__(
+        self,
+        store: ChunkStore,
+        source: CacheSource,
+        tickets: TicketKeeper,
+        executor: Executor,
+        *,
+        upstream: str = "",
+        upstream_concurrency: int = 8,
+        upstream_bandwidth: float = 0.0,
+        refresh_seconds: float = 5.0,
+        avoid_seconds: float = 60.0,
+    ) -> None:
+        self.store = store
+        self.source = source
+        self.tickets = tickets
+        self.executor = executor
+        self.upstream = upstream.rstrip("/")
+        self.refresh_seconds = refresh_seconds
+        self.avoid_seconds = avoid_seconds
+        self.stats = CacheStats()
+        self.manifests: dict[str, Manifest] = {}
+        self.pinned: frozenset[str] = frozenset()
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(upstream_concurrency)
+        self._bucket = TokenBucket(upstream_bandwidth)
+        self._refreshed = float("-inf")
+        self._refresh_lock = asyncio.Lock()
+        self._avoid_upstream_until = 0.0
+        self._http: aiohttp.ClientSession | None = None
+
+    async def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=30))
+        return self._http
+
+    async def close(self) -> None:
+        """Stop in-flight fetches and close connections."""
+        for task in list(self._inflight.values()):
+            task.cancel()
+        if self._http is not None:
+            await self._http.close()
+
+    # --- what the cache knows ------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Re-read the pointers and the manifests of the versions they name; re-pin their chunks."""
+        async with self._refresh_lock:
+            named = {
+                digest: d.model
+                for d in await self.source.deployments()
+                for digest in (d.stable, d.previous_stable, d.canary)
+                if digest is not None
+            }
+            for digest, model in named.items():
+                if digest not in self.manifests:
+                    self.manifests[digest] = parse_manifest(await self.source.manifest(model, digest))
+            for digest in set(self.manifests) - set(named):
+                del self.manifests[digest]  # no pointer names it any more: its chunks age out by LRU
+            self.pinned = frozenset(c for m in self.manifests.values() for f in m.files for c in f.chunks)
+            self._refreshed = time.monotonic()
+        event(log, "cache.refreshed", versions=len(self.manifests), pinned_chunks=len(self.pinned))
+
+    async def run(self) -> None:
+        """Refresh every ``refresh_seconds`` until cancelled; control-plane trouble is logged, not fatal."""
+        while True:
+            try:
+                await self.refresh()
+            except WeightshipError as exc:
+                event(log, "cache.refresh_failed", logging.WARNING, error=exc.message)
+            await asyncio.sleep(self.refresh_seconds)
+
+    async def _manifest(self, version: str) -> Manifest:
+        manifest = self.manifests.get(version)
+        if manifest is None and time.monotonic() - self._refreshed >= min(self.refresh_seconds, 1.0):
+            await self.refresh()
+            manifest = self.manifests.get(version)
+        if manifest is None:
+            raise NotFoundError(f"version {version} is named by no serving pointer; this cache does not serve it")
+        return manifest
+
+    # --- serving -------------------------------------------------------------------------------
+
+    async def locate(self, chunk: str, version: str, blob: str, index: int) -> ChunkLocation:
+        """See ``agent.peerserver.ChunkLocator``: a hit, or a miss fetched once and verified."""
+        manifest = await self._manifest(version)
+        number, _rel = chunk_path(manifest, chunk, blob, index)
+        size = self.store.get(chunk)
+        if size is not None:
+            self.stats.hits += 1
+            return ChunkLocation(self.store.path(chunk), 0, size)
+        task = self._inflight.get(chunk)
+        if task is None:
+            self.stats.misses += 1
+            task = asyncio.get_running_loop().create_task(self._fill(manifest, number, index, chunk))
+            self._inflight[chunk] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(chunk, None))
+        else:
+            self.stats.waited += 1
+        await asyncio.shield(task)
+        size = self.store.get(chunk)
+        if size is None:  # evicted at once by a store full of pinned chunks
+            raise TemporaryError(f"chunk {chunk} was evicted as soon as it was stored; the cache is full", delay=1.0)
+        return ChunkLocation(self.store.path(chunk), 0, size)
+
+    async def _fill(self, manifest: Manifest, number: int, index: int, chunk: str) -> None:
+        entry = manifest.files[number]
+        start, end = entry.chunk_range(index, manifest.chunk_size)
+        async with self._slots:
+            use_upstream = bool(self.upstream) and time.monotonic() >= self._avoid_upstream_until
+            data: bytes | None = None
+            where = "origin"
+            if use_upstream:
+                where = "upstream"
+                try:
+                    data = await self._from_upstream(manifest.digest, entry.sha256, index, chunk, end - start)
+                except (TemporaryError, NotFoundError) as exc:
+                    event(log, "cache.upstream_failed", logging.WARNING, upstream=self.upstream, chunk=chunk,
+                          error=exc.message, fallback="origin")  # fmt: skip
+                    where, data = "origin", None
+            if data is None:
+                data = await self._from_origin(entry.sha256, start, end - start)
+            self.stats.fetches[where] += 1
+            self.stats.fetch_bytes[where] += len(data)
+        actual = await asyncio.get_running_loop().run_in_executor(self.executor, sha256_hex, data)
+        if actual != chunk:
+            source = self.upstream if where == "upstream" else f"origin blob {entry.sha256}"
+            self.stats.corrupt[where] = self.stats.corrupt.get(where, 0) + 1
+            if where == "upstream":
+                self._avoid_upstream_until = time.monotonic() + self.avoid_seconds
+            event(log, "cache.upstream_corrupt", logging.ERROR, source=source, chunk=chunk, got=actual,
+                  version=manifest.digest, action="rejected_not_stored")  # fmt: skip
+            raise UpstreamCorrupt(
+                f"{source} sent bytes for chunk {chunk} that hash to {actual}; rejected and not stored. "
+                "Fetch the chunk from another source"
+            )
+        await asyncio.get_running_loop().run_in_executor(self.executor, self.store.put, chunk, data, self.pinned)
+        event(log, "cache.stored", chunk=chunk, bytes=len(data), source=where)
+
+    async def _read(self, response: aiohttp.ClientResponse, length: int, what: str) -> bytes:
+        if response.content_length is not None and response.content_length != length:
+            raise UpstreamCorrupt(f"{what} announced {response.content_length} bytes for a {length}-byte chunk")
+        body = bytearray()
+        async for piece in response.content.iter_chunked(SLICE):
+            if len(body) + len(piece) > length:
+                raise UpstreamCorrupt(f"{what} sent more than the chunk's {length} bytes")
+            await self._bucket.take(len(piece))
+            body += piece
+        return bytes(body)
+
+    async def _get(self, url: str, headers: dict[str, str], length: int, what: str) -> bytes:
+        http = await self._session()
+        try:
+            async with http.get(url, headers=headers) as response:
+                if response.status in (404, 409):
+                    raise NotFoundError(f"{what} does not have it (HTTP {response.status})")
+                if response.status not in (200, 206):
+                    raise TemporaryError(f"{what} answered HTTP {response.status}")
+                return await self._read(response, length, what)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise TemporaryError(f"{what} failed: {exc!r}") from None
+
+    async def _from_upstream(self, version: str, blob: str, index: int, chunk: str, length: int) -> bytes:
+        ticket = await self.tickets.ticket_for(self.manifests)
+        url = f"{self.upstream}/v1/chunks/{chunk}?version={version}&blob={blob}&index={index}"
+        return await self._get(url, {"Authorization": f"Ticket {ticket}"}, length, f"upstream {self.upstream}")
+
+    async def _from_origin(self, blob: str, start: int, length: int) -> bytes:
+        urls = await self.source.blob_urls([blob])
+        if blob not in urls:
+            raise NotFoundError(f"the control plane gave no URL for blob {blob}")
+        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+        return await self._get(urls[blob].url, headers, length, f"origin blob {blob}")
+
+    def metrics(self) -> str:
+        """The cache's counters in Prometheus text format."""
+        s = self.stats
+        lines = [
+            f"weightship_cache_hits_total {s.hits}",
+            f"weightship_cache_misses_total {s.misses}",
+            f"weightship_cache_waited_total {s.waited}",
+            f"weightship_cache_chunks {len(self.store)}",
+            f"weightship_cache_bytes {self.store.used}",
+            f"weightship_cache_evicted_total {self.store.evicted}",
+            f"weightship_cache_pinned_chunks {len(self.pinned)}",
+        ]
+        for where in ("upstream", "origin"):
+            lines.append(f'weightship_cache_fetches_total{{source="{where}"}} {s.fetches[where]}')
+            lines.append(f'weightship_cache_fetch_bytes_total{{source="{where}"}} {s.fetch_bytes[where]}')
+            lines.append(f'weightship_cache_upstream_corrupt_total{{source="{where}"}} {s.corrupt.get(where, 0)}')
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,194 @@
+"""Entitlement tickets: which node may fetch which versions from peers and caches, signed offline-checkable.
+
+Model weights are confidential, and peers and caches cannot ask the control plane about every
+chunk. So a node asks here, with its own node token, for a ticket naming itself and the versions
+it wants (``POST /v1/tickets``); peers, caches and the tracker check the ticket's ed25519 signature
+with the public keys (``GET /v1/tickets/keys``, also in every grant) and never call back. The
+format and its checks are ``weightship.tickets``.
+
+**Who is entitled to what.** A version is granted only when it is ready and
+
+- role ``node``: some deployment the node registered for names it in its pointer (stable,
+  previous stable or canary: the versions it keeps on disk);
+- role ``cache``: any deployment's pointer names it (a cache serves the whole cluster or region).
+
+Anything else in the request refuses the whole request (403), naming the versions refused, so a
+node never holds a ticket wider than it should and a bug asking for too much is loud. Only node
+tokens get tickets, for their own node: an enrolment, publisher, operator or admin token is
+refused (403), since a ticket must name a node.
+
+**Signing keys** live in the ``ticket_keys`` table, so every replica signs with the same key. The
+first request that finds none creates one; if two replicas race, both keys are stored and the
+*oldest* key not retired signs everywhere (each replica re-reads the table every
+``KEY_REFRESH_SECONDS``). Rotating is: insert a new key, wait for agents to re-read the keys, retire
+the old one (``retired = true``); a retired key stops verifying once agents re-read the keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fastapi import APIRouter, Depends, Request
+from sqlalchemy import exc, select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.auth import ANY_ROLE, Principal, require
+from controlplane.db import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
+from weightship.errors import ForbiddenError, NotFoundError
+from weightship.schemas import Role, TicketGrant, TicketKeys, TicketRequest
+from weightship.tickets import (
+    Ticket,
+    key_id,
+    load_private_key,
+    new_private_key,
+    private_key_text,
+    public_key_text,
+    sign_ticket,
+)
+
+__all__ = ["KEY_REFRESH_SECONDS", "entitled_versions", "issue_ticket", "router", "signing_key"]
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/tickets", tags=["tickets"])
+
+#: how long a replica signs with the key it read before reading the table again (rotation, races)
+KEY_REFRESH_SECONDS = 60.0
+_KEY_CACHE = "ticket_signing_key"
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    kid: str
+    private: Ed25519PrivateKey
+    public: dict[str, str]
+    read_at: float
+
+
+def _read_keys(session: Session) -> list[TicketKeyRow]:
+    return list(
+        session.scalars(
+            select(TicketKeyRow)
+            .where(TicketKeyRow.retired.is_(False))
+            .order_by(TicketKeyRow.created_at, TicketKeyRow.kid)
+        )
+    )
+
+
+def _load_or_create(state: Any) -> _Keys:
+    with state.sessions() as session:
+        rows = _read_keys(session)
+        if not rows:
+            private = new_private_key()
+            kid = key_id(private.public_key())
+            session.add(
+                TicketKeyRow(
+                    kid=kid,
+                    private_key=private_key_text(private),
+                    public_key=public_key_text(private.public_key()),
+                    retired=False,
+                    created_at=utcnow(),
+                )
+            )
+            try:
+                session.commit()
+                log.info("ticket_key_created kid=%s", kid)
+            except exc.IntegrityError:  # pragma: no cover - a 64-bit key-id collision
+                session.rollback()
+            rows = _read_keys(session)
+    oldest = rows[0]
+    return _Keys(
+        kid=oldest.kid,
+        private=load_private_key(oldest.private_key),
+        public={row.kid: row.public_key for row in rows},
+        read_at=time.monotonic(),
+    )
+
+
+def signing_key(state: Any) -> _Keys:
+    """The key tickets are signed with now, and every published public key; created on first use."""
+    cached: _Keys | None = state.extras.get(_KEY_CACHE)
+    if cached is None or time.monotonic() - cached.read_at > KEY_REFRESH_SECONDS:
+        cached = _load_or_create(state)
+        state.extras[_KEY_CACHE] = cached
+    return cached
+
+
+def entitled_versions(session: Session, node: NodeRow) -> set[str]:
+    """Every version some pointer the node may fetch for names (before the ready check)."""
+    query = select(DeploymentRow)
+    if node.role != "cache":
+        if not node.deployments:
+            return set()
+        query = query.where(DeploymentRow.name.in_(list(node.deployments)))
+    return {
+        digest
+        for row in session.scalars(query)
+        for digest in (row.stable, row.previous_stable, row.canary)
+        if digest is not None
+    }
+
+
+def issue_ticket(state: Any, node_id: str, versions: list[str], now: float | None = None) -> TicketGrant:
+    """A ticket naming node ``node_id`` and ``versions``, or ``ForbiddenError`` naming what it may not have."""
+    wanted = sorted(set(versions))
+    with state.sessions() as session:
+        node = session.get(NodeRow, node_id)
+        if node is None:
+            raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+        entitled = entitled_versions(session, node)
+        ready = set(
+            session.scalars(select(VersionRow.digest).where(VersionRow.digest.in_(wanted), VersionRow.state == "ready"))
+        )
+        name, role = node.name, node.role
+    refused = [v for v in wanted if v not in entitled or v not in ready]
+    if refused:
+        log.warning("ticket_refused node=%s role=%s refused=%s", name, role, ",".join(refused))
+        raise ForbiddenError(
+            f"node {name!r} (role {role}) is not entitled to {', '.join(refused)}: a node gets tickets only for "
+            "ready versions that a pointer of a deployment it registered for names (a cache: any pointer)"
+        )
+    keys = signing_key(state)
+    issued = int(time.time() if now is None else now)
+    ticket = Ticket(
+        kid=keys.kid,
+        node=name,
+        versions=frozenset(wanted),
+        iat=issued,
+        exp=issued + state.settings.ticket_ttl_seconds,
+    )
+    token = sign_ticket(keys.private, ticket)
+    log.info("ticket_issued node=%s versions=%d kid=%s exp=%d", name, len(wanted), keys.kid, ticket.exp)
+    return TicketGrant(
+        ticket=token,
+        node=name,
+        versions=wanted,
+        expires_at=datetime.fromtimestamp(ticket.exp, UTC),
+        keys=dict(keys.public),
+    )
+
+
+@router.post("", response_model=TicketGrant)
+async def create_ticket(
+    body: TicketRequest, request: Request, principal: Principal = Depends(require(Role.agent))
+) -> TicketGrant:
+    """A ticket for the calling node itself (node token only), for versions it is entitled to."""
+    if principal.role != Role.agent or principal.node_id is None:
+        raise ForbiddenError(
+            f"token {principal.name!r} is not a node token: tickets name the node they are issued to, so only "
+            "a node's own node token (returned by POST /v1/nodes/enrol) can ask for one"
+        )
+    return await run_in_threadpool(issue_ticket, request.app.state.ws, principal.node_id, body.versions)
+
+
+@router.get("/keys", response_model=TicketKeys)
+async def ticket_keys(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> TicketKeys:
+    """The public keys tickets are signed with (key id -> raw ed25519 key, base64url)."""
+    keys = await run_in_threadpool(signing_key, request.app.state.ws)
+    return TicketKeys(keys=dict(keys.public))

@@ -1,0 +1,260 @@
+"""Entitlement tickets: short-lived, ed25519-signed capabilities to fetch chunks of named versions.
+
+A ticket is ``base64url(payload) + "." + base64url(signature)`` (no padding), where ``payload``
+is canonical JSON (sorted keys, no whitespace, UTF-8)::
+
+    {"v": 1, "kid": "<key id>", "node": "<node name>", "versions": ["sha256:…", …],
+     "iat": <issued at, unix s>, "exp": <expires at, unix s>}
+
+and ``signature`` is the ed25519 signature of exactly those payload bytes by the control plane's
+key ``kid``. Peers, caches and the tracker check a ticket *offline*: with the public keys they got
+at registration (or from ``GET /v1/tickets/keys``), no control-plane call per chunk.
+
+What a ticket is, and is not: a **bearer capability bound to a node name**. It names the node it
+was issued to, but a peer cannot tell who connects (no mTLS), so whoever holds the string can use
+it until ``exp``. That is why tickets are short-lived (10 minutes by default), cover only the
+versions the node is entitled to, and why the tracker refuses an announce whose ``node`` differs
+from the ticket's node: a stolen ticket lets its thief download what that node could, for
+minutes, and never lets it pose as another node in the swarm.
+
+Errors map onto HTTP like this: no ticket (``TicketMissing``) or one that does not parse or
+verify (``TicketInvalid``) is 401; a valid ticket that expired (``TicketExpired``) or does not
+name the version asked for (``TicketNotCovering``) is 403. Clocks may disagree by up to
+``CLOCK_SKEW_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from weightship.errors import AuthError, ForbiddenError, ValidationError
+from weightship.manifest import canonical_json
+
+__all__ = [
+    "AUTH_SCHEME",
+    "CLOCK_SKEW_SECONDS",
+    "MAX_TICKET_CHARS",
+    "MAX_VERSIONS",
+    "Ticket",
+    "TicketExpired",
+    "TicketInvalid",
+    "TicketMissing",
+    "TicketNotCovering",
+    "key_id",
+    "load_private_key",
+    "load_public_key",
+    "new_private_key",
+    "private_key_text",
+    "public_key_text",
+    "sign_ticket",
+    "ticket_from_header",
+    "verify_ticket",
+]
+
+#: the ``Authorization`` scheme: ``Authorization: Ticket <token>``
+AUTH_SCHEME = "Ticket"
+#: how far clocks may disagree: a ticket is accepted this long past ``exp`` (and before ``iat``)
+CLOCK_SKEW_SECONDS = 30
+#: longest token parsed at all, so a hostile header costs no more than this to reject
+MAX_TICKET_CHARS = 64 * 1024
+#: most versions one ticket may name
+MAX_VERSIONS = 256
+_VERSION = 1
+
+
+class TicketMissing(AuthError):
+    """No ticket was presented (401)."""
+
+    code = "ticket_missing"
+
+
+class TicketInvalid(AuthError):
+    """A ticket that does not parse, or whose signature does not verify with a known key (401)."""
+
+    code = "ticket_invalid"
+
+
+class TicketExpired(ForbiddenError):
+    """A genuine ticket past its expiry (403): the holder renews it at the control plane."""
+
+    code = "ticket_expired"
+
+
+class TicketNotCovering(ForbiddenError):
+    """A genuine ticket that does not name the version asked for (403)."""
+
+    code = "ticket_not_covering"
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """The payload of a ticket: who it was issued to, for which versions, and when it lapses."""
+
+    kid: str
+    node: str
+    versions: frozenset[str]
+    iat: int
+    exp: int
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON object that is signed (versions sorted, so equal tickets sign equal bytes)."""
+        return {
+            "v": _VERSION,
+            "kid": self.kid,
+            "node": self.node,
+            "versions": sorted(self.versions),
+            "iat": self.iat,
+            "exp": self.exp,
+        }
+
+    def covers(self, version: str) -> bool:
+        """Whether the ticket names ``version``."""
+        return version in self.versions
+
+    def require(self, version: str) -> None:
+        """Raise ``TicketNotCovering`` unless the ticket names ``version``."""
+        if version not in self.versions:
+            raise TicketNotCovering(
+                f"ticket of node {self.node!r} does not cover version {version!r}; "
+                "the node asks the control plane for a ticket naming it (POST /v1/tickets)"
+            )
+
+
+def _b64encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+def new_private_key() -> Ed25519PrivateKey:
+    """A fresh ed25519 signing key."""
+    return Ed25519PrivateKey.generate()
+
+
+def public_key_text(key: Ed25519PublicKey) -> str:
+    """The raw 32-byte public key, base64url: how keys travel in API responses."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return _b64encode(key.public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def private_key_text(key: Ed25519PrivateKey) -> str:
+    """The raw 32-byte private seed, base64url: how the control plane stores its key."""
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    return _b64encode(key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()))
+
+
+def load_public_key(text: str) -> Ed25519PublicKey:
+    """The public key written by ``public_key_text``; ``ValidationError`` for anything else."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(_b64decode(text))
+    except (ValueError, binascii.Error) as exc:
+        raise ValidationError(f"not an ed25519 public key (32 bytes, base64url): {text[:80]!r}") from exc
+
+
+def load_private_key(text: str) -> Ed25519PrivateKey:
+    """The private key written by ``private_key_text``; ``ValidationError`` for anything else."""
+    try:
+        return Ed25519PrivateKey.from_private_bytes(_b64decode(text))
+    except (ValueError, binascii.Error) as exc:
+        raise ValidationError("stored ticket signing key is not a 32-byte ed25519 seed (base64url)") from exc
+
+
+def key_id(key: Ed25519PublicKey) -> str:
+    """A short, stable name for a public key: the first 16 hex of the SHA-256 of its raw bytes."""
+    return hashlib.sha256(_b64decode(public_key_text(key))).hexdigest()[:16]
+
+
+# --- signing and verifying ----------------------------------------------------------------------
+
+
+def sign_ticket(private_key: Ed25519PrivateKey, payload: Ticket) -> str:
+    """The token for ``payload``, signed with ``private_key`` (whose ``key_id`` should be ``payload.kid``)."""
+    if len(payload.versions) > MAX_VERSIONS:
+        raise ValidationError(f"a ticket names at most {MAX_VERSIONS} versions; asked for {len(payload.versions)}")
+    body = canonical_json(payload.payload())
+    return _b64encode(body) + "." + _b64encode(private_key.sign(body))
+
+
+def ticket_from_header(header: str | None) -> str:
+    """The token in an ``Authorization: Ticket <token>`` header; ``TicketMissing`` / ``TicketInvalid``."""
+    if not header or not header.strip():
+        raise TicketMissing("no ticket: send 'Authorization: Ticket <token>' (the node gets one with POST /v1/tickets)")
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != AUTH_SCHEME.lower() or not token.strip():
+        raise TicketMissing("Authorization header must be 'Ticket <token>'; bearer API tokens are not accepted here")
+    return token.strip()
+
+
+def _string_list(value: Any) -> Iterable[str]:
+    if not isinstance(value, list) or len(value) > MAX_VERSIONS or not all(isinstance(v, str) for v in value):
+        raise TicketInvalid(f"ticket payload 'versions' must be a list of at most {MAX_VERSIONS} strings")
+    return value
+
+
+def _parse_payload(body: bytes) -> Ticket:
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TicketInvalid("ticket payload is not JSON") from exc
+    if not isinstance(obj, dict) or obj.get("v") != _VERSION:
+        raise TicketInvalid(f"ticket payload is not a version-{_VERSION} ticket")
+    kid, node, iat, exp = obj.get("kid"), obj.get("node"), obj.get("iat"), obj.get("exp")
+    if not (isinstance(kid, str) and isinstance(node, str) and node):
+        raise TicketInvalid("ticket payload lacks 'kid' or 'node'")
+    if not (isinstance(iat, int) and isinstance(exp, int)) or isinstance(iat, bool) or isinstance(exp, bool):
+        raise TicketInvalid("ticket payload 'iat' and 'exp' must be integers (unix seconds)")
+    return Ticket(kid=kid, node=node, versions=frozenset(_string_list(obj.get("versions"))), iat=iat, exp=exp)
+
+
+def verify_ticket(token: str | None, public_keys: Mapping[str, Ed25519PublicKey], now: float) -> Ticket:
+    """The ticket ``token`` carries, once its signature verifies with ``public_keys[kid]`` and it is in date.
+
+    Raises ``TicketMissing`` (no token), ``TicketInvalid`` (malformed, unknown key, bad signature:
+    401) or ``TicketExpired`` (403). Whether it covers a version is the caller's check
+    (``Ticket.require``).
+    """
+    if not token:
+        raise TicketMissing("no ticket: send 'Authorization: Ticket <token>' (the node gets one with POST /v1/tickets)")
+    if len(token) > MAX_TICKET_CHARS:
+        raise TicketInvalid(f"ticket is longer than {MAX_TICKET_CHARS} characters")
+    encoded_body, dot, encoded_sig = token.partition(".")
+    if not dot or not encoded_body or not encoded_sig:
+        raise TicketInvalid("ticket must be '<base64url payload>.<base64url signature>'")
+    try:
+        body, signature = _b64decode(encoded_body), _b64decode(encoded_sig)
+    except (ValueError, binascii.Error) as exc:
+        raise TicketInvalid("ticket is not base64url") from exc
+    ticket = _parse_payload(body)
+    key = public_keys.get(ticket.kid)
+    if key is None:
+        raise TicketInvalid(
+            f"ticket is signed with key {ticket.kid!r}, which this agent does not know; "
+            "it re-reads the control plane's keys (GET /v1/tickets/keys) or the ticket is forged"
+        )
+    try:
+        key.verify(signature, body)
+    except InvalidSignature as exc:
+        raise TicketInvalid("ticket signature does not verify: the ticket was altered or forged") from exc
+    if now > ticket.exp + CLOCK_SKEW_SECONDS:
+        raise TicketExpired(
+            f"ticket of node {ticket.node!r} expired {int(now - ticket.exp)} s ago; the node renews it (POST /v1/tickets)"
+        )
+    if now + CLOCK_SKEW_SECONDS < ticket.iat:
+        raise TicketInvalid(f"ticket of node {ticket.node!r} is issued in the future: check the clocks")
+    return ticket
