@@ -95,12 +95,12 @@ def test_equal_parents_share_the_load_rather_than_the_first_taking_it_all() -> N
     [
         # one node per chunk goes up; the others wait for it
         (4, 1, [("a", 0), ("b", 0), ("c", 1)], [True, False, True]),
-        # at most two nodes upstream at once, whatever chunk they want
-        (2, 1, [("a", 0), ("b", 1), ("c", 2), ("a", 3)], [True, True, False, True]),
+        # at most two nodes upstream at once, whatever chunk they want; one chunk each at a time
+        (2, 1, [("a", 0), ("b", 1), ("c", 2), ("a", 3)], [True, True, False, False]),
         # a node asking again for a chunk it was granted keeps its grant
         (1, 1, [("a", 0), ("a", 0), ("b", 1)], [True, True, False]),
     ],
-    ids=["per_chunk", "cluster_wide", "regrant"],
+    ids=["per_chunk", "cluster_wide_and_per_node", "regrant"],
 )
 def test_upstream_admission_is_bounded(
     slots: int, per_chunk: int, asks: list[tuple[str, int]], allowed: list[bool]
