@@ -1,0 +1,83 @@
+"""Sources in order against real HTTP parts: a poisoned peer is rejected, reported, avoided; the fetch completes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from agent.counters import Counters
+from agent.fetcher import Fetcher
+from agent.rangeclient import RangeClient
+from agent.sources import Sources
+from agent.staging import Staging
+from agent.tracker import NodeView, Tracker, TrackerSettings, chunk_order
+from tests.agent.fleet_fakes import Origin
+from tests.agent.test_fetcher import URLs
+from tests.agent.tracker_parts import Signer, chunk_server, serve, tracker_server
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def origin(tmp_path: Path) -> AsyncIterator[Origin]:
+    server = Origin(tmp_path / "origin")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_poisoned_peer_is_rejected_reported_avoided_and_the_fetch_completes_from_others(
+    tmp_path: Path, origin: Origin, make_model: Callable[..., Path]
+) -> None:
+    model = make_model("a", tensors_mb=2.0)
+    manifest = origin.publish(model, "m")
+    everything = list(range(len(chunk_order(manifest))))
+    signer = Signer()
+    tracker = Tracker(TrackerSettings(report_quorum=1))
+    runners = []
+    try:
+        bad_app, bad_served = chunk_server(model, manifest, poison=True)
+        good_app, good_served = chunk_server(model, manifest)
+        bad_runner, bad_url = await serve(bad_app)
+        good_runner, good_url = await serve(good_app)
+        track_runner, track_url = await tracker_server(tracker, signer, {manifest.digest: manifest})
+        runners = [bad_runner, good_runner, track_runner]
+        # the poisoned peer claims the most spare capacity, so it is ranked first
+        tracker.announce(NodeView("poison", bad_url, upload_slots_free=50), {manifest.digest: everything})
+        tracker.announce(NodeView("honest", good_url, upload_slots_free=1), {manifest.digest: everything})
+
+        async def tickets(versions: list[str]) -> str:
+            return signer.sign("me", versions)
+
+        sources = Sources(node="me", address="http://127.0.0.1:1", labels={}, tickets=tickets, tracker=track_url,
+                          announce_debounce=0.01)  # fmt: skip
+        sources.holding(manifest)
+        announcing = asyncio.get_running_loop().create_task(sources.announce_loop())
+        counters = Counters()
+        client = RangeClient()
+        staging = Staging(tmp_path / "staging", manifest)
+        staging.open()
+        fetcher = Fetcher(client, URLs(origin.url), counters, ThreadPoolExecutor(2), concurrency=1,
+                          attempts=2, backoff_initial=0.01, backoff_max=0.02, sources=sources)  # fmt: skip
+        try:
+            await fetcher.fetch(staging, {})
+        finally:
+            announcing.cancel()
+            await client.close()
+            await sources.close()
+        assert staging.jobs() == []  # every chunk verified and placed
+        tally = counters.snapshot().sources
+        assert len(bad_served) == 1  # one bad chunk, then the poisoned peer is never asked again
+        assert tally["peer"].errors == 1
+        assert counters.chunks_rejected == 1
+        # the rest came from the honest peer, or (while it was at its fan-out bound) from the origin
+        assert tally["peer"].chunks == len(good_served) >= 1
+        assert tally["peer"].chunks + tally["origin"].chunks == len(everything)
+        assert tracker.avoided("poison", "me")
+    finally:
+        for runner in runners:
+            await runner.cleanup()
