@@ -9,8 +9,9 @@ Two jobs, both offline on the hot path:
   the control plane per request.
 - **Holding** this node's own ticket for the versions it fetches from peers and caches (a cache:
   every version a pointer names). ``ticket_for(versions)`` returns a held ticket when it covers
-  them and is not past half its life; otherwise it asks the control plane for one naming the union
-  of what it held and what is asked (renewal at half-life, so a ticket never expires in flight).
+  them and is not past half its life; otherwise it asks the control plane for one naming what is
+  asked (renewal at half-life, so a ticket never expires in flight). If renewal fails while the
+  held ticket still covers them and is in date, the held one is used and renewal retried next time.
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ async def test_a_node_that_does_not_hold_a_version_answers_not_found(
     await other.ready()
     auth = {"Authorization": "Ticket " + ticket(fleet, f"{model}-holder", [deployment], [v1.digest])}
     url, _ = chunk_request(peer_url(other), v1, largest_file(v1))
-    response = httpx.get(url, headers=auth, timeout=10)
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(url, headers=auth)
     assert response.status_code == 404, response.text
 
 
