@@ -25,8 +25,8 @@ announces the chunk, reports the parent, or the lease runs out.
 
 Upstream admission: a node may go up a tier (cluster cache and beyond) for a chunk only when
 no peer can serve it, fewer than ``upstream_per_chunk`` nodes are already fetching that chunk
-upstream, it fetches fewer than ``upstream_per_node`` other chunks upstream, and fewer than
-``upstream_slots`` nodes hold an upstream lease at all. Few chunks in flight through the caches
+upstream, and fewer than ``upstream_slots`` chunk fetches are granted cluster-wide (so at most
+that many nodes go upstream at once; a lone node may use them all). Few chunks in flight through the caches
 at once means each arrives at full speed and peers start spreading it early, instead of every
 chunk crawling in at once (``bench/simulate.py`` shows the difference). Anyone else is
 told to wait ``retry_after`` and ask again: the chunk will come from a peer that fetched it.
@@ -81,12 +81,10 @@ class TrackerSettings:
     lease_seconds: float = 15.0
     #: most sources in one answer (the first is the pick, the rest fallbacks)
     max_sources: int = 3
-    #: most nodes of the cluster fetching from the tier above at once
+    #: most chunk fetches from the tier above at once, cluster-wide (so at most that many nodes)
     upstream_slots: int = 4
     #: most nodes fetching one chunk from the tier above at once
     upstream_per_chunk: int = 1
-    #: most chunks one node fetches from the tier above at once (the rest come from peers)
-    upstream_per_node: int = 1
     #: how long an upstream grant lasts without the node asking again or announcing
     upstream_lease: float = 30.0
     #: what a node told to wait should wait before asking again
@@ -99,11 +97,8 @@ class TrackerSettings:
     max_penalty: float = 3600.0
 
     def __post_init__(self) -> None:
-        counts = (self.fanout, self.max_sources, self.upstream_slots, self.upstream_per_chunk, self.upstream_per_node)
-        if min(counts) < 1:
-            raise ValidationError(
-                "tracker fanout, max_sources, upstream_slots, upstream_per_chunk and upstream_per_node must be ≥ 1"
-            )
+        if min(self.fanout, self.max_sources, self.upstream_slots, self.upstream_per_chunk) < 1:
+            raise ValidationError("tracker fanout, max_sources, upstream_slots and upstream_per_chunk must be ≥ 1")
         if min(self.announce_ttl, self.lease_seconds, self.upstream_lease, self.retry_after) <= 0:
             raise ValidationError("tracker durations must be positive")
 
@@ -182,6 +177,7 @@ class Tracker:
         self._load: dict[str, int] = {}  # parent -> live assignments
         self._upstream: dict[str, set[Chunk]] = {}  # child -> chunks it fetches upstream
         self._upstream_chunk: dict[Chunk, dict[str, float]] = {}  # chunk -> child -> until
+        self._grants = 0  # sum of len(v) over _upstream_chunk
         self._penalties: dict[str, _Penalty] = {}
 
     # --- announcements -------------------------------------------------------------------------
@@ -276,13 +272,10 @@ class Tracker:
     def _admit_upstream(self, child: str, key: Chunk, now: float) -> bool:
         s = self.settings
         fetching = self._upstream_chunk.get(key, {})
-        if child not in fetching and len(fetching) >= s.upstream_per_chunk:
-            return False
-        mine = self._upstream.get(child)
-        if mine is None and len(self._upstream) >= s.upstream_slots:
-            return False
-        if mine is not None and key not in mine and len(mine) >= s.upstream_per_node:
-            return False
+        if child not in fetching:
+            if len(fetching) >= s.upstream_per_chunk or self._grants >= s.upstream_slots:
+                return False
+            self._grants += 1
         self._upstream.setdefault(child, set()).add(key)
         self._upstream_chunk.setdefault(key, {})[child] = now + s.upstream_lease
         return True
@@ -291,6 +284,11 @@ class Tracker:
         """Nodes holding an upstream grant now."""
         self._sweep()
         return len(self._upstream)
+
+    def upstream_grants(self) -> int:
+        """Chunk fetches from the tier above granted and not yet announced or expired."""
+        self._sweep()
+        return self._grants
 
     def load(self, parent: str) -> int:
         """Children currently charged to ``parent``."""
@@ -335,7 +333,8 @@ class Tracker:
     def _drop_upstream(self, key: Chunk, child: str) -> None:
         fetching = self._upstream_chunk.get(key)
         if fetching is not None:
-            fetching.pop(child, None)
+            if fetching.pop(child, None) is not None:
+                self._grants -= 1
             if not fetching:
                 del self._upstream_chunk[key]
         mine = self._upstream.get(child)

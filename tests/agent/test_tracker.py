@@ -95,12 +95,14 @@ def test_equal_parents_share_the_load_rather_than_the_first_taking_it_all() -> N
     [
         # one node per chunk goes up; the others wait for it
         (4, 1, [("a", 0), ("b", 0), ("c", 1)], [True, False, True]),
-        # at most two nodes upstream at once, whatever chunk they want; one chunk each at a time
+        # at most two chunk fetches upstream at once, cluster-wide
         (2, 1, [("a", 0), ("b", 1), ("c", 2), ("a", 3)], [True, True, False, False]),
         # a node asking again for a chunk it was granted keeps its grant
         (1, 1, [("a", 0), ("a", 0), ("b", 1)], [True, True, False]),
+        # a lone node may use every slot: nobody else could feed it
+        (3, 1, [("a", 0), ("a", 1), ("a", 2), ("a", 3)], [True, True, True, False]),
     ],
-    ids=["per_chunk", "cluster_wide_and_per_node", "regrant"],
+    ids=["per_chunk", "cluster_wide", "regrant", "lone_node"],
 )
 def test_upstream_admission_is_bounded(
     slots: int, per_chunk: int, asks: list[tuple[str, int]], allowed: list[bool]
@@ -109,7 +111,7 @@ def test_upstream_admission_is_bounded(
     answers = [tracker.sources(child, V, index) for child, index in asks]
     assert [a.upstream_allowed for a in answers] == allowed
     assert all(a.retry_after > 0 for a in answers if not a.upstream_allowed)
-    assert tracker.upstream_count() <= slots
+    assert tracker.upstream_grants() <= slots
 
 
 def test_upstream_grant_ends_when_the_chunk_is_announced_and_waiters_get_the_new_holder() -> None:
