@@ -153,6 +153,7 @@ class Agent:
             counters=self.counters.sources,
             upload_slots=cfg.upload_concurrency,
             peer_min_rate=cfg.peer_min_rate,
+            announce_interval=cfg.announce_interval,
         )
 
     def _tracker_routes(self) -> TrackerRoutes | None:

@@ -146,6 +146,7 @@ class Sources:
         self._session: aiohttp.ClientSession | None = None
         self._held: dict[str, tuple[dict[str, int], set[int]]] = {}
         self._dirty = asyncio.Event()
+        self._last_ok = True
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -249,7 +250,7 @@ class Sources:
 
     def verified(self, manifest: Manifest, chunks: Iterable[str]) -> None:
         """These chunks of ``manifest`` were verified here: announce them soon."""
-        if not self.tracker:
+        if not self.tracker or not self.address:
             return
         if manifest.digest not in self._held:
             self.holding(manifest)
@@ -263,12 +264,18 @@ class Sources:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), self.announce_interval)
                 await asyncio.sleep(self.announce_debounce)
+            changed = self._dirty.is_set()
             self._dirty.clear()
-            if self._held and self.tracker:
-                await self.announce()
+            if self._held and self.tracker and self.address:
+                ok = await self.announce()
+                if ok and (changed or not self._last_ok):
+                    # logged on news, and on the first success after failures (a tracker back up)
+                    held = sum(len(have) for _order, have in self._held.values())
+                    event(log, "sources.announced", versions=len(self._held), chunks=held)
+                self._last_ok = ok
 
-    async def announce(self) -> None:
-        """One announcement of everything held (failures are logged; the next one repeats it)."""
+    async def announce(self) -> bool:
+        """One announcement of everything held; False (logged) when it failed: the next one repeats it."""
         versions = {v: TrackerHave(have=base64.b64encode(bitmap_of(have, len(order))).decode())
                     for v, (order, have) in self._held.items()}  # fmt: skip
         body = TrackerAnnounce(node=self.node, address=self.address, labels=self.labels,
@@ -279,11 +286,13 @@ class Sources:
                        "Content-Type": "application/json"}  # fmt: skip
             async with http.post(f"{self.tracker}/v1/tracker/announce", data=body.model_dump_json(),
                                  headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:  # fmt: skip
-                if response.status != 204:
-                    event(log, "sources.announce_refused", logging.WARNING, status=response.status,
-                          body=(await response.text())[:200])  # fmt: skip
+                if response.status == 204:
+                    return True
+                event(log, "sources.announce_refused", logging.WARNING, status=response.status,
+                      body=(await response.text())[:200])  # fmt: skip
         except (aiohttp.ClientError, TimeoutError, WeightshipError) as exc:
             event(log, "sources.announce_failed", logging.WARNING, tracker=self.tracker, error=str(exc))
+        return False
 
 
 class _Refused(TemporaryError):
