@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from agent.counters import Counters
 from agent.fetcher import Fetcher
@@ -80,4 +81,64 @@ async def test_poisoned_peer_is_rejected_reported_avoided_and_the_fetch_complete
         assert tracker.avoided("poison", "me")
     finally:
         for runner in runners:
+            await runner.cleanup()
+
+
+async def test_a_slow_parent_is_cut_off_reported_and_replaced(
+    tmp_path: Path, origin: Origin, make_model: Callable[..., Path]
+) -> None:
+    model = make_model("s", tensors_mb=0.5)
+    manifest = origin.publish(model, "m")
+    everything = list(range(len(chunk_order(manifest))))
+    signer = Signer()
+    tracker = Tracker(TrackerSettings(report_quorum=1))
+    stalled: list[str] = []
+    release = asyncio.Event()
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        stalled.append(request.match_info["chunk"])
+        response = web.StreamResponse(headers={"Content-Length": str(1 << 20)})
+        await response.prepare(request)
+        await response.write(b"x")
+        await release.wait()  # the fault: a parent that stops sending until the test ends
+        return response
+
+    slow_app = web.Application()
+    slow_app.router.add_get("/v1/chunks/{chunk}", trickle)
+    good_app, good_served = chunk_server(model, manifest)
+    runners = [await serve(slow_app), await serve(good_app)]
+    track_runner, track_url = await tracker_server(tracker, signer, {manifest.digest: manifest})
+    runners.append((track_runner, track_url))
+    try:
+        tracker.announce(NodeView("slow", runners[0][1], upload_slots_free=50), {manifest.digest: everything})
+        tracker.announce(NodeView("honest", runners[1][1], upload_slots_free=50), {manifest.digest: everything})
+
+        async def tickets(versions: list[str]) -> str:
+            return signer.sign("me", versions)
+
+        # 0.3 s allowance and a rate no chunk from the stalled parent can meet
+        sources = Sources(node="me", address="http://127.0.0.1:1", labels={}, tickets=tickets, tracker=track_url,
+                          slow_floor=0.3, peer_min_rate=1e9, announce_debounce=0.01)  # fmt: skip
+        sources.holding(manifest)
+        announcing = asyncio.get_running_loop().create_task(sources.announce_loop())
+        counters = Counters()
+        client = RangeClient()
+        staging = Staging(tmp_path / "staging", manifest)
+        staging.open()
+        fetcher = Fetcher(client, URLs(origin.url), counters, ThreadPoolExecutor(2), concurrency=1,
+                          attempts=2, backoff_initial=0.01, backoff_max=0.02, sources=sources)  # fmt: skip
+        try:
+            await asyncio.wait_for(fetcher.fetch(staging, {}), 30)
+        finally:
+            announcing.cancel()
+            await client.close()
+            await sources.close()
+        assert staging.jobs() == []
+        assert len(stalled) == 1  # cut off once, then never chosen again by this node
+        assert counters.snapshot().sources["peer"].errors == 1
+        assert tracker.avoided("slow", "me")
+        assert len(good_served) >= 1
+    finally:
+        release.set()
+        for runner, _url in runners:
             await runner.cleanup()
