@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
+from tests.agent.controlplane_process import ADMIN_TOKEN
 from tests.agent.fleet import Fleet
 from tests.agent.fleet_fakes import FaultProxy
 from tests.agent.peers import peer_url, start_cache
 from weightship.digests import hex_of
+from weightship.schemas import DeploymentStatus
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,6 +89,15 @@ async def test_a_poisoned_peer_is_rejected_reported_and_avoided_and_the_node_fin
     # the origin sent each chunk to the cache at most once for both nodes
     starts = [(s.blob, s.start) for s in proxy.served]
     assert len(starts) == len(set(starts))
+
+    # `weightship status` shows origin egress against bytes delivered to nodes
+    def delivered() -> DeploymentStatus | None:
+        with fleet.cp.client(ADMIN_TOKEN) as admin:
+            found = admin.deployment_status(deployment)
+        return found if found.delivered_bytes >= 2 * v1.total_size else None
+
+    fleet_status = await eventually(delivered, 30, "both nodes' heartbeats to count their bytes")
+    assert fleet_status.origin_bytes == 0  # the nodes fetched from the cache and each other, never the origin
 
 
 async def test_a_restarted_tracker_recovers_from_re_announcements_and_peers_serve_again(
