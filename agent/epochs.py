@@ -75,11 +75,7 @@ class EpochBook:
         (after a restore from backup, one write can reach exactly the epoch agents hold).
         """
         current = self._records.get(name) or DeploymentRecord(name=name)
-        if (
-            epoch == current.accepted_epoch
-            and current.accepted_digest is not None
-            and digest != current.accepted_digest
-        ):
+        if epoch == current.accepted_epoch and current.accepted_digest is not None and digest != current.accepted_digest:
             raise StaleEpochError(
                 f"deployment {name!r}: pointer epoch {epoch} names {digest}, but epoch {epoch} was already "
                 f"accepted naming {current.accepted_digest}; refused (one epoch names one version: a control "

@@ -306,16 +306,9 @@ def main() -> None:
         }
         if cuda:
             readers = LoadOptions().reader_count(torch.device(args.device))
-            methods |= {
-                "h2d": h2d(args.device, total),
-                "pinned_read_h2d": pinned_read_h2d(files, args.device, readers, BLOCK),
-            }
+            methods |= {"h2d": h2d(args.device, total), "pinned_read_h2d": pinned_read_h2d(files, args.device, readers, BLOCK)}
         else:
-            methods |= {
-                "mapped_trust": load(mapped, "trust"),
-                "mapped_fast": load(mapped, "fast"),
-                "mapped_full": load(mapped, "full"),
-            }
+            methods |= {"mapped_trust": load(mapped, "trust"), "mapped_fast": load(mapped, "fast"), "mapped_full": load(mapped, "full")}
 
         sha1 = sha_rate(1)
         sha_n = sha_rate(cores)
@@ -323,18 +316,12 @@ def main() -> None:
         print("== conditions")
         print(f"host: {platform.node()} {platform.machine()} {cores} cores, {platform.platform()}")
         print(f"load average before: {load_average()}")
-        print(
-            f"python {platform.python_version()}, torch {torch.__version__}, device {args.device}"
-            + (f" ({torch.cuda.get_device_name(args.device)})" if cuda else "")
-        )
-        print(
-            f"model: {made.config.num_hidden_layers} layers, hidden {made.config.hidden_size}, {len(files)} safetensors files, "
-            f"{total / 1e9:.3f} GB, chunk {64} MiB, block {LoadOptions().block_size >> 20} MiB"
-        )
-        print(
-            f"sha256: {sha1:.2f} GB/s one thread, {sha_n:.2f} GB/s with {cores} threads; "
-            f"fresh-memory first touch {touch:.2f} GB/s (one thread)"
-        )
+        print(f"python {platform.python_version()}, torch {torch.__version__}, device {args.device}"
+              + (f" ({torch.cuda.get_device_name(args.device)})" if cuda else ""))
+        print(f"model: {made.config.num_hidden_layers} layers, hidden {made.config.hidden_size}, {len(files)} safetensors files, "
+              f"{total / 1e9:.3f} GB, chunk {64} MiB, block {LoadOptions().block_size >> 20} MiB")
+        print(f"sha256: {sha1:.2f} GB/s one thread, {sha_n:.2f} GB/s with {cores} threads; "
+              f"fresh-memory first touch {touch:.2f} GB/s (one thread)")
 
         for fn in methods.values():  # warm the page cache, build the fast-mode record, first-call costs
             fn()
@@ -353,9 +340,7 @@ def main() -> None:
         median = {name: statistics.median(v) for name, v in warm.items()}
         print(f"\n== warm page cache: GB/s (best of {args.repeat}, median); CPU-seconds per GB (median, all threads)")
         for name, values in warm.items():
-            print(
-                f"{name:14s} {max(values):7.2f}  {statistics.median(values):7.2f}   {statistics.median(cpu[name]):6.3f}"
-            )
+            print(f"{name:14s} {max(values):7.2f}  {statistics.median(values):7.2f}   {statistics.median(cpu[name]):6.3f}")
 
         cold: dict[str, float] = {}
         cold_note = "skipped (--no-cold)" if args.no_cold else None
@@ -410,22 +395,14 @@ def main() -> None:
             if "mapped_trust" in cold:
                 ratios["cold_mapped_trust_vs_raw"] = cold["mapped_trust"] / cold["raw_stream"]
         print(f"load average after: {load_average()}")
-        print(
-            f"\n== ratios (best over best unless named _median; 'raw' is raw_stream, one thread reading each file "
-            f"into a reused 16 MiB buffer; limit for full = min(raw_stream, {cores} x sha256 one thread) = {limit:.2f} GB/s)"
-        )
+        print(f"\n== ratios (best over best unless named _median; 'raw' is raw_stream, one thread reading each file "
+              f"into a reused 16 MiB buffer; limit for full = min(raw_stream, {cores} x sha256 one thread) = {limit:.2f} GB/s)")
         for key, value in ratios.items():
             print(f"{key:28s} {value:6.2f}")
-        figures = {
-            "device": args.device,
-            "bytes": total,
-            "cores": cores,
-            "sha256_gbps": round(sha1, 3),
-            "warm_gbps": {k: round(v, 3) for k, v in best.items()},
-            "warm_median_gbps": {k: round(v, 3) for k, v in median.items()},
-            "cold_gbps": {k: round(v, 3) for k, v in cold.items()},
-            "cpu_s_per_gb": {k: round(statistics.median(v), 3) for k, v in cpu.items()},
-        }
+        figures = {"device": args.device, "bytes": total, "cores": cores, "sha256_gbps": round(sha1, 3),
+                   "warm_gbps": {k: round(v, 3) for k, v in best.items()},
+                   "warm_median_gbps": {k: round(v, 3) for k, v in median.items()}, "cold_gbps": {k: round(v, 3) for k, v in cold.items()},
+                   "cpu_s_per_gb": {k: round(statistics.median(v), 3) for k, v in cpu.items()}}
         print(json.dumps({**{k: round(v, 3) for k, v in ratios.items()}, **figures}, sort_keys=True))
         loader.close()
         mapped.close()
