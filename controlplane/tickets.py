@@ -174,16 +174,22 @@ def issue_ticket(state: Any, node_id: str, versions: list[str], now: float | Non
     )
 
 
-@router.post("", response_model=TicketGrant)
-async def create_ticket(
-    body: TicketRequest, request: Request, principal: Principal = Depends(require(Role.agent))
-) -> TicketGrant:
-    """A ticket for the calling node itself (node token only), for versions it is entitled to."""
+def _node_token(principal: Principal = Depends(require(Role.agent))) -> Principal:
+    """A node token, and nothing else: not even an admin's, since a ticket must name a node."""
     if principal.role != Role.agent or principal.node_id is None:
         raise ForbiddenError(
             f"token {principal.name!r} is not a node token: tickets name the node they are issued to, so only "
             "a node's own node token (returned by POST /v1/nodes/enrol) can ask for one"
         )
+    return principal
+
+
+@router.post("", response_model=TicketGrant)
+async def create_ticket(
+    body: TicketRequest, request: Request, principal: Principal = Depends(_node_token)
+) -> TicketGrant:
+    """A ticket for the calling node itself (node token only), for versions it is entitled to."""
+    assert principal.node_id is not None
     return await run_in_threadpool(issue_ticket, request.app.state.ws, principal.node_id, body.versions)
 
 

@@ -76,6 +76,9 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/tokens"): only(ADMIN),
     ("DELETE", "/v1/tokens/{}"): only(ADMIN),
     ("GET", "/v1/tokens/self"): ANY,
+    # tickets: a ticket names the node it is issued to, so only a node token, not even an admin's
+    ("POST", "/v1/tickets"): frozenset({NODE}),
+    ("GET", "/v1/tickets/keys"): ANY,
 }
 
 #: routes authorised by an HMAC-signed URL instead of a token: a bad signature is refused whoever asks
