@@ -25,6 +25,7 @@ import contextlib
 import logging
 import mmap
 import os
+import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from datetime import UTC, datetime, timedelta
@@ -118,6 +119,10 @@ class Fetcher:
         jobs = staging.jobs()
         if not jobs:
             return
+        if self.sources is not None:
+            # Each node its own order: nodes that all start at chunk 0 leave peers nothing to trade
+            # (bench/simulate.py --order sequential vs random: about 2.0 vs 1.6 times ideal).
+            random.Random(self.sources.node).shuffle(jobs)
         largest = max(job.length for job in jobs)
         slots = max(1, min(self.concurrency, len(jobs), self.memory_bytes // max(1, largest)))
         buffers = _Buffers(largest, slots)

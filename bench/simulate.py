@@ -181,7 +181,8 @@ class Node:
         self.view = NodeView(name, f"http://{name}", rack=rack, zone=zone, upload_slots_free=sim.args.fanout)
         self.link = Endpoint(name, sim.nic, sim.nic)
         self.todo = list(range(sim.chunks))
-        sim.rng.shuffle(self.todo)  # spread: nodes start on different chunks
+        if sim.args.order == "random":
+            sim.rng.shuffle(self.todo)  # spread: nodes start on different chunks
         self.inflight: set[int] = set()
         self.have = 0
         self.finished_at: float | None = None
@@ -195,7 +196,7 @@ class Node:
         tracker = self.sim.trackers[self.cluster]
         asked = 0
         i = 0
-        while len(self.inflight) < self.sim.args.concurrency and i < len(self.todo) and asked < 16:
+        while len(self.inflight) < self.sim.args.concurrency and i < len(self.todo) and asked < self.sim.args.asks:
             index = self.todo[i]
             asked += 1
             advice = tracker.sources(self.name, VERSION, index)
@@ -329,7 +330,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "nodes": 16,
         "clusters": 1,
         "size": "256MiB",
-        "chunk": "16MiB",
+        "chunk": "4MiB",
         "nic": 100e6,
         "origin": 100e6,
         "cache": 100e6,
@@ -360,6 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retry-after", type=float, default=0.05, help="seconds a node told to wait waits")
     parser.add_argument(
         "--read-ahead", type=int, default=1, help="chunks each cluster cache pulls ahead at once (0: only on request)"
+    )
+    parser.add_argument(
+        "--order",
+        choices=["sequential", "random"],
+        default="random",
+        help="the order a node wants chunks in (the agent's fetcher shuffles per node when it has peers)",
+    )
+    parser.add_argument(
+        "--asks", type=int, default=64, help="chunks a node with a free slot asks the tracker about per round"
     )
     parser.add_argument("--rack-size", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
