@@ -25,7 +25,7 @@ link rate), origin egress ÷ size, and the speed-up over every node fetching fro
 calibration). The last line is one JSON object.
 
 Usage: python bench/simulate.py [--scenario plan|fanout|both] [--nodes N] [--clusters C]
-       [--size 140GB] [--chunk 2GiB] [--nic 25e9] [--origin 100e9] [--cache 100e9]
+       [--size 140GB] [--chunk 1GiB] [--nic 25e9] [--origin 100e9] [--cache 100e9]
        [--fanout 4] [--upstream-slots K] [--concurrency 4] [--read-ahead 1] [--seed 1]
 """
 
@@ -321,7 +321,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "nodes": 2000,
         "clusters": 10,
         "size": "140GB",
-        "chunk": "2GiB",
+        "chunk": "1GiB",
+        "asks": 16,
         "nic": 25e9,
         "origin": 100e9,
         "cache": 100e9,
@@ -331,6 +332,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "clusters": 1,
         "size": "256MiB",
         "chunk": "4MiB",
+        "asks": 64,
         "nic": 100e6,
         "origin": 100e6,
         "cache": 100e6,
@@ -358,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         help="nodes per cluster fetching from the cache at once (default: cache link ÷ node link × concurrency)",
     )
     parser.add_argument("--concurrency", type=int, default=4, help="chunks a node fetches at once")
-    parser.add_argument("--retry-after", type=float, default=0.05, help="seconds a node told to wait waits")
+    parser.add_argument(
+        "--retry-after", type=float, default=TrackerSettings().retry_after, help="seconds a node told to wait waits"
+    )
     parser.add_argument(
         "--read-ahead", type=int, default=1, help="chunks each cluster cache pulls ahead at once (0: only on request)"
     )
@@ -369,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the order a node wants chunks in (the agent's fetcher shuffles per node when it has peers)",
     )
     parser.add_argument(
-        "--asks", type=int, default=64, help="chunks a node with a free slot asks the tracker about per round"
+        "--asks", type=int, help="chunks a node with a free slot asks the tracker about per round (plan 16, fanout 64)"
     )
     parser.add_argument("--rack-size", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
