@@ -43,6 +43,9 @@ __all__ = ["SOURCES", "Attempt", "SourceCounters", "Sources", "Want", "reason_of
 
 log = logging.getLogger("agent.sources")
 
+#: after a tracker failed to answer, chunks skip it for this long
+TRACKER_RETRY_SECONDS = 5.0
+
 #: every source a chunk can come from, nearest first
 SOURCES = ("local", "peer", "cluster_cache", "region_cache", "origin")
 
@@ -147,6 +150,7 @@ class Sources:
         self._held: dict[str, tuple[dict[str, int], set[int]]] = {}
         self._dirty = asyncio.Event()
         self._last_ok = True
+        self._tracker_down_until = 0.0
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -164,7 +168,7 @@ class Sources:
         """The tiers to try for ``want``, nearest first (the origin is the fetcher's own last resort)."""
         query = f"?version={want.version}&blob={want.blob}&index={want.index}"
         timeout = self.slow_floor + want.length / self.peer_min_rate
-        if self.tracker:
+        if self.tracker and asyncio.get_running_loop().time() >= self._tracker_down_until:
             advice = await self._advice(want)
             for source in advice.sources if advice is not None else ():
                 yield Attempt(
@@ -190,7 +194,10 @@ class Sources:
                         raise TemporaryError(f"tracker answered {response.status} for sources of {want.chunk}")
                     advice = TrackerSources.model_validate_json(await response.read())
             except (aiohttp.ClientError, TimeoutError, WeightshipError, ValueError) as exc:
-                event(log, "sources.tracker_unavailable", logging.WARNING, tracker=self.tracker, error=str(exc))
+                # Skip it for a while rather than time out on every chunk; the caches still serve.
+                self._tracker_down_until = loop.time() + TRACKER_RETRY_SECONDS
+                event(log, "sources.tracker_unavailable", logging.WARNING, tracker=self.tracker, error=str(exc),
+                      retry_in=TRACKER_RETRY_SECONDS)  # fmt: skip
                 return None
             if advice.sources or advice.upstream_allowed or loop.time() + advice.retry_after > deadline:
                 return advice

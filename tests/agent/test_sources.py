@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -142,3 +143,35 @@ async def test_a_slow_parent_is_cut_off_reported_and_replaced(
         release.set()
         for runner, _url in runners:
             await runner.cleanup()
+
+
+async def test_with_the_tracker_and_cache_down_a_node_falls_back_up_the_tiers_to_the_origin(
+    tmp_path: Path, origin: Origin, make_model: Callable[..., Path]
+) -> None:
+    manifest = origin.publish(make_model("d", tensors_mb=0.5), "m")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    signer = Signer()
+
+    async def tickets(versions: list[str]) -> str:
+        return signer.sign("me", versions)
+
+    sources = Sources(node="me", address="", labels={}, tickets=tickets, tracker=dead, cluster_cache=dead)
+    counters = Counters()
+    client = RangeClient()
+    staging = Staging(tmp_path / "staging", manifest)
+    staging.open()
+    fetcher = Fetcher(client, URLs(origin.url), counters, ThreadPoolExecutor(2), concurrency=2,
+                      attempts=2, backoff_initial=0.01, backoff_max=0.02, sources=sources)  # fmt: skip
+    try:
+        await asyncio.wait_for(fetcher.fetch(staging, {}), 30)
+    finally:
+        await client.close()
+        await sources.close()
+    assert staging.jobs() == []
+    tally = counters.snapshot().sources
+    chunks = len(chunk_order(manifest))
+    assert tally["origin"].chunks == chunks
+    assert tally["cluster_cache"].errors == chunks  # each chunk tried the cache first
+    assert tally["peer"].errors == 0
