@@ -291,6 +291,13 @@ class Simulation:
         self.net.run(lambda: self.remaining == 0)
         args = self.args
         ideal = self.size_bytes / self.nic
+        # what the links allow at best: a node's NIC, the origin, and the region cache's link shared by clusters
+        region = args.clusters > 1 or args.region
+        bound = max(
+            ideal,
+            self.size_bytes / (args.origin / 8),
+            self.size_bytes * (args.clusters if region else 1) / (args.cache / 8),
+        )
         makespan = max(n.finished_at or float("inf") for n in self.nodes.values())
         origin_bytes = self.origin.sent
         naive = args.nodes * self.size_bytes / (args.origin / 8)
@@ -308,6 +315,7 @@ class Simulation:
             "time_s": round(makespan, 3),
             "ideal_s": round(ideal, 3),
             "time_over_ideal": round(makespan / ideal, 3),
+            "time_over_link_bound": round(makespan / bound, 3),
             "origin_egress_over_size": round(origin_bytes / self.size_bytes, 3),
             "speedup_over_origin": round(max(naive, ideal) / makespan, 2),
             "peer_share": round(peer / max(1, peer + cache), 3),
@@ -395,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:7s} N={result['N']:5d} clusters={result['clusters']:3d} S={result['S'] / 1e9:8.2f} GB "
             f"chunk={result['chunk'] >> 20} MiB nic={result['nic_bps'] / 1e9:g} Gbit/s: "
-            f"time {result['time_s']:.2f} s = {result['time_over_ideal']:.3f} x ideal, "
+            f"time {result['time_s']:.2f} s = {result['time_over_ideal']:.3f} x ideal "
+            f"({result['time_over_link_bound']:.3f} x what the cache and origin links allow), "
             f"origin egress {result['origin_egress_over_size']:.2f} x S, "
             f"speed-up over origin-only {result['speedup_over_origin']:.1f}x, peer share {result['peer_share']:.2f} "
             f"({result['events']} events, {result['wall_s']} s wall)"
