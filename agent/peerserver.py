@@ -111,11 +111,15 @@ class VersionChunks:
             raise NotFoundError(f"version {version} is neither ready nor being fetched on this node")
         number, rel = chunk_path(staging.manifest, chunk, blob, index)
         start, end = staging.manifest.files[number].chunk_range(index, staging.manifest.chunk_size)
-        if number in staging.linked or (number, index) in staging.done:
+        # Worker threads add to ``done`` while we read: copy it in one step (atomic in CPython).
+        done = frozenset(staging.done)
+        if number in staging.linked or (number, index) in done:
             return ChunkLocation(staging.dir / rel, start, end - start)
-        found = staging.own_chunks().get(chunk)  # the same bytes, verified at another place
-        if found is not None:
-            return ChunkLocation(*found)
+        manifest = staging.manifest
+        for f, c in done:  # the same bytes, verified at another place of this version
+            if manifest.files[f].chunks[c] == chunk:
+                other_start, other_end = manifest.files[f].chunk_range(c, manifest.chunk_size)
+                return ChunkLocation(staging.dir / manifest.files[f].path, other_start, other_end - other_start)
         raise NotFoundError(f"chunk {chunk} of {version} is not verified on this node yet")
 
 
