@@ -97,6 +97,20 @@ class AgentConfig:
     upstream_bandwidth: int = 0
     #: a cache's chunk store size; least recently used chunks of versions no pointer names go first (0: no bound)
     cache_bytes: int = 0
+    #: the cluster's tracker (the cluster cache's peer URL); default: ``cluster_cache``
+    tracker: str = ""
+    #: the cluster cache's peer URL: a node's next source after peers (empty: none)
+    cluster_cache: str = ""
+    #: the region cache's peer URL: a node's next source after the cluster cache (empty: none)
+    region_cache: str = ""
+    #: bytes/s below which a peer is cut off and reported slow (after a 2 s allowance)
+    peer_min_rate: int = 5_000_000
+    #: seconds between a node's full re-announcements to the tracker (soft state)
+    announce_interval: float = 10.0
+    #: (cluster cache) most children the tracker sends to one parent at once
+    tracker_fanout: int = 4
+    #: (cluster cache) most nodes the tracker lets fetch from the caches at once
+    tracker_upstream_slots: int = 4
 
     def __post_init__(self) -> None:
         if not self.control_plane.startswith(("http://", "https://")):
@@ -119,6 +133,13 @@ class AgentConfig:
             raise ValidationError(f"role must be node or cache and tier cluster or region; got {self.role}/{self.tier}")
         if self.upstream and not self.upstream.startswith(("http://", "https://")):
             raise ValidationError(f"upstream {self.upstream!r} must be the http(s) URL of the next tier's cache")
+        for key in ("tracker", "cluster_cache", "region_cache"):
+            if getattr(self, key) and not getattr(self, key).startswith(("http://", "https://")):
+                raise ValidationError(f"{key} {getattr(self, key)!r} must be an http(s) URL of a cache's peer listener")
+        if self.announce_interval <= 0:
+            raise ValidationError("announce_interval must be positive")
+        if self.tracker_fanout < 1 or self.tracker_upstream_slots < 1:
+            raise ValidationError("tracker_fanout and tracker_upstream_slots must be at least 1")
         if self.upload_concurrency < 1 or self.upstream_concurrency < 1:
             raise ValidationError("upload_concurrency and upstream_concurrency must be at least 1")
         for key in ("upload_bandwidth", "upstream_bandwidth", "cache_bytes"):
@@ -132,8 +153,10 @@ class AgentConfig:
 
 
 _SIZE_KEYS = {"quota_bytes", "min_free_bytes", "memory_bytes", "upload_bandwidth", "upstream_bandwidth", "cache_bytes"}
+_SIZE_KEYS |= {"peer_min_rate"}
 _INT_KEYS = {"concurrency", "chunk_attempts", "upload_concurrency", "upstream_concurrency"}
-_FLOAT_KEYS = {"heartbeat_interval", "poll_wait", "backoff_initial", "backoff_max"}
+_INT_KEYS |= {"tracker_fanout", "tracker_upstream_slots"}
+_FLOAT_KEYS = {"heartbeat_interval", "poll_wait", "backoff_initial", "backoff_max", "announce_interval"}
 _ALIASES = {"quota": "quota_bytes", "memory": "memory_bytes", "min_free": "min_free_bytes"}
 
 
@@ -184,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upstream-concurrency", help="a cache's upstream fetches at once (default 8)")
     parser.add_argument("--upstream-bandwidth", help="a cache's upstream bytes per second (0: unlimited)")
     parser.add_argument("--cache-bytes", help="a cache's chunk store size, e.g. 500GiB (0: no bound)")
+    parser.add_argument("--tracker", help="the cluster tracker's URL (default: --cluster-cache)")
+    parser.add_argument("--cluster-cache", help="the cluster cache's peer URL (a node's source after peers)")
+    parser.add_argument("--region-cache", help="the region cache's peer URL (after the cluster cache)")
+    parser.add_argument("--peer-min-rate", help="bytes/s below which a peer is reported slow (default 5MB)")
+    parser.add_argument("--announce-interval", help="seconds between full re-announcements (default 10)")
+    parser.add_argument("--tracker-fanout", help="(cluster cache) children per parent at once (default 4)")
+    parser.add_argument("--tracker-upstream-slots", help="(cluster cache) nodes fetching from caches at once")
     return parser
 
 

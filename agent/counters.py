@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from agent.sources import SourceCounters
 from weightship.schemas import NodeCounters
 
 __all__ = ["Counters"]
@@ -18,6 +19,7 @@ class Counters:
     bytes_from_peers: int = 0
     bytes_copied_locally: int = 0
     chunks_rejected: int = 0
+    sources: SourceCounters = field(default_factory=SourceCounters, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -34,4 +36,5 @@ class Counters:
                 bytes_from_peers=self.bytes_from_peers,
                 bytes_copied_locally=self.bytes_copied_locally,
                 chunks_rejected=self.chunks_rejected,
+                sources=self.sources.snapshot(),
             )

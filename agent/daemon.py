@@ -47,11 +47,15 @@ from agent.rangeclient import RangeClient
 from agent.reconcile import Reconciler
 from agent.retention import Retention
 from agent.serving import Serving
+from agent.sources import Sources
 from agent.store import VersionStore
 from agent.tickets import TicketKeeper
+from agent.tracker import Tracker, TrackerSettings, chunk_order
+from agent.tracker_api import TrackerRoutes
 from weightship.backoff import DelaySequence
 from weightship.errors import AuthError, ConflictError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
+from weightship.manifest import Manifest
 from weightship.schemas import (
     DeploymentState,
     NodeEnrolRequest,
@@ -98,6 +102,7 @@ class Agent:
         self._usage = 0
         self._changed = asyncio.Event()
         self.blob_client = RangeClient(max_idle=max(16, config.concurrency * 2))
+        self.sources = self._sources()
         fetcher = Fetcher(
             self.blob_client,
             self.controlplane,
@@ -108,6 +113,7 @@ class Agent:
             attempts=config.chunk_attempts,
             backoff_initial=config.backoff_initial,
             backoff_max=config.backoff_max,
+            sources=self.sources,
         )
         self.retention = Retention(self.store, config.quota_bytes, config.min_free_bytes)
         assembler = Assembler(
@@ -135,6 +141,41 @@ class Agent:
         )
         self._peer_setup(assembler)
 
+    def _sources(self) -> Sources | None:
+        """Peers (via the tracker) and caches between local copies and the origin; None on a cache or with none set."""
+        cfg = self.config
+        if cfg.role == "cache" or not (cfg.tracker or cfg.cluster_cache or cfg.region_cache):
+            return None
+        return Sources(
+            node=cfg.name,
+            address="",  # the peer listener's, once it listens; a node without one does not announce
+            labels=cfg.labels.model_dump(exclude_none=True),
+            tickets=lambda versions: self.tickets.ticket_for(versions),
+            tracker=cfg.tracker or cfg.cluster_cache,
+            cluster_cache=cfg.cluster_cache,
+            region_cache=cfg.region_cache,
+            counters=self.counters.sources,
+            upload_slots=cfg.upload_concurrency,
+            peer_min_rate=cfg.peer_min_rate,
+            announce_interval=cfg.announce_interval,
+        )
+
+    def _tracker_routes(self) -> TrackerRoutes | None:
+        """The cluster's tracker, on a cluster cache."""
+        cache = self.cache
+        if cache is None or self.config.tier != "cluster":
+            return None
+        settings = TrackerSettings(fanout=self.config.tracker_fanout, upstream_slots=self.config.tracker_upstream_slots)
+
+        async def manifest(version: str) -> Manifest:
+            if version not in cache.manifests:
+                await cache.refresh()
+            if version not in cache.manifests:
+                raise NotFoundError(f"version {version} is named by no serving pointer; the tracker does not track it")
+            return cache.manifests[version]
+
+        return TrackerRoutes(Tracker(settings), self.tickets, manifest)
+
     def _peer_setup(self, assembler: Assembler) -> None:
         """The peer listener (when configured; always on a cache), its tickets and, on a cache, the chunk cache."""
         cfg = self.config
@@ -154,14 +195,19 @@ class Agent:
             locator = self.cache
         self.peer: PeerServer | None = None
         if cfg.peer_listener:
+            tracker = self._tracker_routes()
             self.peer = PeerServer(
                 locator,
                 self.tickets,
                 upload_concurrency=cfg.upload_concurrency,
                 upload_bandwidth=cfg.upload_bandwidth,
-                extra_metrics=self.cache.metrics if self.cache is not None else None,
+                extra_routes=tracker.mount if tracker is not None else None,
+                extra_metrics=self._extra_metrics,
             )
         self.peer_url = ""
+
+    def _extra_metrics(self) -> str:
+        return (self.cache.metrics() if self.cache is not None else "") + self.counters.sources.metrics()
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -220,6 +266,11 @@ class Agent:
         ]
         if self.cache is not None:
             tasks.append(loop.create_task(self.cache.run(), name="cache-refresh"))
+        if self.sources is not None and self.peer_url:
+            self.sources.address = self.peer_url
+            for manifest in (await loop.run_in_executor(self.executor, self.store.ready)).values():
+                self.sources.holding(manifest, chunk_order(manifest))
+            tasks.append(loop.create_task(self.sources.announce_loop(), name="announce"))
         stopping = loop.create_task(stop.wait(), name="stop")
         crashed: BaseException | None = None
         try:
@@ -240,6 +291,8 @@ class Agent:
                 await self.peer.stop()
             if self.cache is not None:
                 await self.cache.close()
+            if self.sources is not None:
+                await self.sources.close()
             await self.blob_client.close()
             await self.controlplane.aclose()
             self.executor.shutdown(wait=False, cancel_futures=True)

@@ -76,6 +76,7 @@ from weightship.schemas import (
     NodeLabels,
     NodeProblem,
     NodeRegistration,
+    SourceTally,
     VersionState,
     VersionStatus,
 )
@@ -467,8 +468,11 @@ def _status(state: Any, name: str) -> DeploymentStatus:
                 tallies[digest] = _Tally(digest=digest, role=role, size=version.size if version else 0)
     live = [n for n in nodes if not _is_stale(n, now, stale_seconds)]
     lagging: list[str] = []
+    origin_bytes = delivered_bytes = 0
     for node in live:
         report = _report(node)
+        origin_bytes += report.counters.sources.get("origin", SourceTally()).bytes
+        delivered_bytes += sum(t.bytes for t in report.counters.sources.values())
         want = desired_deployment(row, node.name).digest
         held = {item.digest: item for item in report.inventory}
         served = next((d.digest for d in report.deployments if d.name == name), None)
@@ -496,6 +500,8 @@ def _status(state: Any, name: str) -> DeploymentStatus:
         nodes=len(nodes),
         stale_nodes=len(nodes) - len(live),
         lagging_nodes=lagging,
+        origin_bytes=origin_bytes,
+        delivered_bytes=delivered_bytes,
     )
 
 

@@ -355,6 +355,11 @@ def status_view(status: DeploymentStatus, now: datetime | None = None) -> Render
         summary.append(f"; not yet serving what they should: {', '.join(status.lagging_nodes)}", style="yellow")
     else:
         summary.append("; every node serves what it should", style="green")
+    if status.delivered_bytes:
+        summary.append(
+            f"\norigin egress {human_bytes(status.origin_bytes)} for {human_bytes(status.delivered_bytes)} "
+            f"delivered to nodes ({status.origin_bytes / status.delivered_bytes:.0%} from the origin)"
+        )
     problems = [
         Text(f"{p.node} {v.role} {short_digest(v.digest)}: {describe_problem(p.problem, p.state, now, full=True)}")
         for v in status.versions

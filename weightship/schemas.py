@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -92,12 +92,18 @@ __all__ = [
     "PointerUpdate",
     "Role",
     "RollbackRequest",
+    "SourceTally",
     "TicketGrant",
     "TicketKeys",
     "TicketRequest",
     "TokenCreate",
     "TokenCreated",
     "TokenInfo",
+    "TrackerAnnounce",
+    "TrackerHave",
+    "TrackerReport",
+    "TrackerSource",
+    "TrackerSources",
     "UploadCreate",
     "UploadSession",
     "ValidationCheck",
@@ -355,6 +361,14 @@ class DeploymentState(_Schema):
     epoch: Count
 
 
+class SourceTally(_Schema):
+    """What one chunk source (local, peer, cluster_cache, region_cache, origin) delivered to a node."""
+
+    bytes: Count = 0
+    chunks: Count = 0
+    errors: Count = 0
+
+
 class NodeCounters(_Schema):
     """Monotonic byte counters since the agent started."""
 
@@ -362,6 +376,8 @@ class NodeCounters(_Schema):
     bytes_from_peers: Count = 0
     bytes_copied_locally: Count = 0
     chunks_rejected: Count = 0
+    #: per source, nearest first: local, peer, cluster_cache, region_cache, origin
+    sources: dict[str, SourceTally] = Field(default_factory=dict)
 
 
 class NodeHealth(_Schema):
@@ -495,6 +511,8 @@ class DeploymentStatus(_Schema):
     nodes: Count
     stale_nodes: Count
     lagging_nodes: list[str] = Field(description="nodes not yet serving what they should")
+    origin_bytes: Count = Field(default=0, description="bytes the live nodes fetched from the origin")
+    delivered_bytes: Count = Field(default=0, description="chunk bytes the live nodes received from any source")
 
 
 class NodeEnrolRequest(NodeRegistration):
@@ -586,3 +604,49 @@ class LocalDeployment(_Schema):
     path: str | None = Field(description="absolute path of the version directory")
     epoch: Count
     ready: bool
+
+
+# --- tracker (in the cluster cache; agent.tracker_api) ---------------------------------------------
+
+
+class TrackerHave(_Schema):
+    """The chunks of one version a node holds, verified."""
+
+    have: str = Field(
+        max_length=1_400_000,
+        description="base64 bitmap over the version's chunk order (bit i, MSB first, set: chunk i held)",
+    )
+
+
+class TrackerAnnounce(_Schema):
+    """``POST /v1/tracker/announce``: what a node holds, batched over versions; re-sent periodically."""
+
+    node: Name
+    address: str = Field(pattern=r"^https?://", max_length=512)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    upload_slots_free: Count = 0
+    versions: dict[Digest, TrackerHave] = Field(max_length=256)
+
+
+class TrackerSource(_Schema):
+    """A parent to fetch a chunk from."""
+
+    node: Name
+    address: str
+
+
+class TrackerSources(_Schema):
+    """``GET /v1/tracker/sources``: ranked parents; with none, whether to go up a tier or wait."""
+
+    sources: list[TrackerSource]
+    upstream_allowed: bool
+    retry_after: Measure = 0.0
+
+
+class TrackerReport(_Schema):
+    """``POST /v1/tracker/report``: a parent served corrupt or slow data, or refused."""
+
+    node: Name
+    version: Digest
+    chunk: HexDigest
+    reason: Literal["corrupt", "slow", "refused"]

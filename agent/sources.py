@@ -1,0 +1,319 @@
+"""Where a node gets a chunk, nearest first: local → peers (via the tracker) → cluster cache → region cache → origin.
+
+``Fetcher`` reads local copies itself and asks ``Sources.attempts`` for the network tiers in
+between; only when every one of them failed does it go to the origin on its blob URLs. Whatever
+the source, the fetcher hashes the bytes against the manifest before they are written or served
+(``Staging.place``); here a mismatch is reported to the tracker as ``corrupt`` and that parent is
+avoided (by this node at once, by the cluster after a quorum of reporters).
+
+Peers: the tracker (in the cluster cache) answers with ranked parents, or grants this node the
+right to go up a tier, or says wait. A node told to wait asks again after ``retry_after`` until
+``wait_limit`` passed, then goes up anyway: liveness beats the bound when a peer that was
+supposed to fetch the chunk died. A parent slower than ``peer_min_rate`` (bytes/s, after a
+``slow_floor`` second allowance) is cut off and reported ``slow``; a 429/503 is ``refused``. A
+tracker that does not answer is skipped (the node falls back up the tiers).
+
+Announcements: every verified chunk (from any source) is added to the node's have-set and sent,
+batched, ``announce_debounce`` seconds later; the whole set is re-sent every
+``announce_interval`` so a restarted tracker rebuilds its state.
+
+Per-source bytes, chunks and errors go to the heartbeat (``NodeCounters.sources``) and the peer
+listener's ``/metrics`` (``weightship_fetch_source_*``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from agent.tracker import bitmap_of, chunk_order
+from weightship.errors import IntegrityError, TemporaryError, WeightshipError
+from weightship.logs import event
+from weightship.manifest import Manifest
+from weightship.schemas import SourceTally, TrackerAnnounce, TrackerHave, TrackerSources
+
+__all__ = ["SOURCES", "Attempt", "SourceCounters", "Sources", "Want", "reason_of"]
+
+log = logging.getLogger("agent.sources")
+
+#: after a tracker failed to answer, chunks skip it for this long
+TRACKER_RETRY_SECONDS = 5.0
+
+#: every source a chunk can come from, nearest first
+SOURCES = ("local", "peer", "cluster_cache", "region_cache", "origin")
+
+
+class SourceCounters:
+    """Bytes, chunks and errors per source; safe to bump from worker threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tally: dict[str, list[int]] = {name: [0, 0, 0] for name in SOURCES}
+
+    def delivered(self, source: str, nbytes: int) -> None:
+        """One verified chunk of ``nbytes`` came from ``source``."""
+        with self._lock:
+            t = self._tally[source]
+            t[0] += nbytes
+            t[1] += 1
+
+    def failed(self, source: str) -> None:
+        """One attempt at ``source`` failed (refused, slow, corrupt, unreachable)."""
+        with self._lock:
+            self._tally[source][2] += 1
+
+    def snapshot(self) -> dict[str, SourceTally]:
+        """The tallies, as the heartbeat schema."""
+        with self._lock:
+            return {k: SourceTally(bytes=b, chunks=c, errors=e) for k, (b, c, e) in self._tally.items()}
+
+    def metrics(self) -> str:
+        """Prometheus text lines."""
+        lines = []
+        for name, tally in self.snapshot().items():
+            lines.append(f'weightship_fetch_source_bytes_total{{source="{name}"}} {tally.bytes}')
+            lines.append(f'weightship_fetch_source_chunks_total{{source="{name}"}} {tally.chunks}')
+            lines.append(f'weightship_fetch_source_errors_total{{source="{name}"}} {tally.errors}')
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Want:
+    """The chunk a fetcher wants: version, digest, and where it lies in the origin's blob."""
+
+    version: str
+    chunk: str
+    blob: str
+    index: int
+    length: int
+
+
+@dataclass
+class Attempt:
+    """One source to try for a chunk; ``bad`` tells the tracker (for a peer) what went wrong."""
+
+    source: str
+    url: str
+    timeout: float
+    parent: str = ""
+    bad: Callable[[str], Awaitable[None]] = field(default=lambda _reason: _nothing())
+
+
+async def _nothing() -> None:
+    return None
+
+
+class Sources:
+    """The network tiers between local copies and the origin, and the announcements."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        address: str,
+        labels: dict[str, str],
+        tickets: Callable[[list[str]], Awaitable[str]],
+        tracker: str = "",
+        cluster_cache: str = "",
+        region_cache: str = "",
+        counters: SourceCounters | None = None,
+        upload_slots: int = 4,
+        peer_min_rate: float = 5e6,
+        slow_floor: float = 2.0,
+        wait_limit: float = 5.0,
+        announce_interval: float = 10.0,
+        announce_debounce: float = 0.1,
+    ) -> None:
+        self.node = node
+        self.address = address
+        self.labels = labels
+        self.tickets = tickets
+        self.tracker = tracker.rstrip("/")
+        self.caches = [
+            (n, u.rstrip("/")) for n, u in (("cluster_cache", cluster_cache), ("region_cache", region_cache)) if u
+        ]
+        self.counters = counters or SourceCounters()
+        self.upload_slots = upload_slots
+        self.peer_min_rate = peer_min_rate
+        self.slow_floor = slow_floor
+        self.wait_limit = wait_limit
+        self.announce_interval = announce_interval
+        self.announce_debounce = announce_debounce
+        self._session: aiohttp.ClientSession | None = None
+        self._held: dict[str, tuple[dict[str, int], set[int]]] = {}
+        self._dirty = asyncio.Event()
+        self._last_ok = True
+        self._tracker_down_until = 0.0
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        return self._session
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+
+    # --- choosing ------------------------------------------------------------------------------
+
+    async def attempts(self, want: Want) -> AsyncGenerator[Attempt]:
+        """The tiers to try for ``want``, nearest first (the origin is the fetcher's own last resort)."""
+        query = f"?version={want.version}&blob={want.blob}&index={want.index}"
+        timeout = self.slow_floor + want.length / self.peer_min_rate
+        if self.tracker and asyncio.get_running_loop().time() >= self._tracker_down_until:
+            advice = await self._advice(want)
+            for source in advice.sources if advice is not None else ():
+                yield Attempt(
+                    "peer",
+                    f"{source.address.rstrip('/')}/v1/chunks/{want.chunk}{query}",
+                    timeout,
+                    source.node,
+                    self._reporter(want, source.node),
+                )
+        for name, base in self.caches:
+            yield Attempt(name, f"{base}/v1/chunks/{want.chunk}{query}", timeout * 4)
+
+    async def _advice(self, want: Want) -> TrackerSources | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_limit
+        while True:
+            try:
+                http = await self._http()
+                headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
+                url = f"{self.tracker}/v1/tracker/sources?version={want.version}&chunk={want.chunk}"
+                async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:
+                    if response.status != 200:
+                        raise TemporaryError(f"tracker answered {response.status} for sources of {want.chunk}")
+                    advice = TrackerSources.model_validate_json(await response.read())
+            except (aiohttp.ClientError, TimeoutError, WeightshipError, ValueError) as exc:
+                # Skip it for a while rather than time out on every chunk; the caches still serve.
+                self._tracker_down_until = loop.time() + TRACKER_RETRY_SECONDS
+                event(log, "sources.tracker_unavailable", logging.WARNING, tracker=self.tracker, error=str(exc),
+                      retry_in=TRACKER_RETRY_SECONDS)  # fmt: skip
+                return None
+            if advice.sources or advice.upstream_allowed or loop.time() + advice.retry_after > deadline:
+                return advice
+            await asyncio.sleep(advice.retry_after)
+
+    def _reporter(self, want: Want, parent: str) -> Callable[[str], Awaitable[None]]:
+        async def report(reason: str) -> None:
+            await self._report(want, parent, reason)
+
+        return report
+
+    async def _report(self, want: Want, parent: str, reason: str) -> None:
+        event(log, "sources.parent_reported", logging.WARNING, parent=parent, reason=reason, chunk=want.chunk)
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, WeightshipError):
+            http = await self._http()
+            headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
+            body = {"node": parent, "version": want.version, "chunk": want.chunk, "reason": reason}
+            async with http.post(f"{self.tracker}/v1/tracker/report", json=body, headers=headers,
+                                 timeout=aiohttp.ClientTimeout(total=5)):  # fmt: skip
+                pass
+
+    # --- reading -------------------------------------------------------------------------------
+
+    async def read(self, attempt: Attempt, want: Want, into: memoryview) -> None:
+        """Fill ``into`` from ``attempt`` (unverified: the caller hashes it); errors are ours."""
+        try:
+            http = await self._http()
+            headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
+            async with asyncio.timeout(attempt.timeout):
+                async with http.get(attempt.url, headers=headers) as response:
+                    if response.status in (429, 503):
+                        raise _Refused(f"{attempt.source} {attempt.parent or attempt.url} is busy ({response.status})")
+                    if response.status != 200:
+                        raise TemporaryError(f"{attempt.source} answered {response.status} for chunk {want.chunk}")
+                    got = 0
+                    async for data in response.content.iter_any():
+                        if got + len(data) > want.length:
+                            raise IntegrityError(
+                                f"{attempt.source} sent more than the {want.length} bytes of {want.chunk}"
+                            )
+                        into[got : got + len(data)] = data
+                        got += len(data)
+                    if got != want.length:
+                        raise TemporaryError(f"{attempt.source} sent {got} of {want.length} bytes of {want.chunk}")
+        except TimeoutError:
+            raise _Slow(f"{attempt.source} {attempt.parent or attempt.url} too slow for {want.chunk}") from None
+        except aiohttp.ClientError as exc:
+            raise TemporaryError(f"{attempt.source} {attempt.url} unreachable: {exc}") from None
+
+    # --- announcing ----------------------------------------------------------------------------
+
+    def holding(self, manifest: Manifest, chunks: Iterable[str] = ()) -> None:
+        """Start announcing ``manifest``'s version, with ``chunks`` already held."""
+        if manifest.digest not in self._held:
+            self._held[manifest.digest] = ({d: i for i, d in enumerate(chunk_order(manifest))}, set())
+        self.verified(manifest, chunks)
+
+    def verified(self, manifest: Manifest, chunks: Iterable[str]) -> None:
+        """These chunks of ``manifest`` were verified here: announce them soon."""
+        if not self.tracker or not self.address:
+            return
+        if manifest.digest not in self._held:
+            self.holding(manifest)
+        order, have = self._held[manifest.digest]
+        have.update(order[c] for c in chunks if c in order)
+        self._dirty.set()
+
+    async def announce_loop(self) -> None:
+        """Send the have-sets: soon after each change, and all of them every ``announce_interval``."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), self.announce_interval)
+                await asyncio.sleep(self.announce_debounce)
+            changed = self._dirty.is_set()
+            self._dirty.clear()
+            if self._held and self.tracker and self.address:
+                ok = await self.announce()
+                if ok and (changed or not self._last_ok):
+                    # logged on news, and on the first success after failures (a tracker back up)
+                    held = sum(len(have) for _order, have in self._held.values())
+                    event(log, "sources.announced", versions=len(self._held), chunks=held)
+                self._last_ok = ok
+
+    async def announce(self) -> bool:
+        """One announcement of everything held; False (logged) when it failed: the next one repeats it."""
+        versions = {v: TrackerHave(have=base64.b64encode(bitmap_of(have, len(order))).decode())
+                    for v, (order, have) in self._held.items()}  # fmt: skip
+        body = TrackerAnnounce(node=self.node, address=self.address, labels=self.labels,
+                               upload_slots_free=self.upload_slots, versions=versions)  # fmt: skip
+        try:
+            http = await self._http()
+            headers = {"Authorization": f"Ticket {await self.tickets(sorted(versions))}",
+                       "Content-Type": "application/json"}  # fmt: skip
+            async with http.post(f"{self.tracker}/v1/tracker/announce", data=body.model_dump_json(),
+                                 headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:  # fmt: skip
+                if response.status == 204:
+                    return True
+                event(log, "sources.announce_refused", logging.WARNING, status=response.status,
+                      body=(await response.text())[:200])  # fmt: skip
+        except (aiohttp.ClientError, TimeoutError, WeightshipError) as exc:
+            event(log, "sources.announce_failed", logging.WARNING, tracker=self.tracker, error=str(exc))
+        return False
+
+
+class _Refused(TemporaryError):
+    """A source answered 429/503: over its upload concurrency."""
+
+
+class _Slow(TemporaryError):
+    """A source sent too slowly and was cut off."""
+
+
+def reason_of(error: WeightshipError) -> str:
+    """The tracker report reason for a failed peer attempt."""
+    if isinstance(error, IntegrityError):
+        return "corrupt"
+    if isinstance(error, _Slow):
+        return "slow"
+    return "refused"

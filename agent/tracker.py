@@ -1,0 +1,409 @@
+"""The cluster tracker's algorithm: who holds which chunks, and whom a node should fetch from.
+
+Pure and synchronous, with an injectable clock, so the same code runs inside the cluster
+cache (``agent.tracker_api`` puts it behind HTTP) and inside ``bench/simulate.py`` (a
+discrete-event model drives it with simulated time).
+
+State, all soft (a restarted tracker knows nothing and is rebuilt by re-announcements)::
+
+    nodes:        name -> address, labels (rack, zone), upload slots free, last announce time
+    holdings:     version -> name -> set of chunk indexes held (verified by that node)
+    assignments:  (parent, child, version, chunk) -> lease expiry   (fan-out accounting)
+    upstream:     child -> lease expiry; (version, chunk) -> children fetching it upstream
+    penalties:    parent -> until, per reporter and (after a quorum of reporters) for everyone
+
+A node announces, batched, every chunk it holds of every version it is fetching or serving;
+while it fetches it announces again as chunks verify, so a chunk is handed onward as soon as
+one node in the cluster verified it. A node silent for ``announce_ttl`` is forgotten.
+
+``sources(child, version, chunk)`` ranks the holders that are alive, not the child itself, not
+penalised and below their fan-out bound: most spare upload capacity first (what the parent
+reported free, minus the children the tracker already sent it), then same rack, then same zone,
+then a hash of (child, parent, chunk) so equal parents share the load instead of the first in
+the list taking it all. The first source is charged to that parent's fan-out until the child
+announces the chunk, reports the parent, or the lease runs out.
+
+Upstream admission: a node may go up a tier (cluster cache and beyond) for a chunk only when
+no peer can serve it, fewer than ``upstream_per_chunk`` nodes are already fetching that chunk
+upstream, and fewer than ``upstream_slots`` chunk fetches are granted cluster-wide (so at most
+that many nodes go upstream at once; a lone node may use them all). Few chunks in flight through the caches
+at once means each arrives at full speed and peers start spreading it early, instead of every
+chunk crawling in at once (``bench/simulate.py`` shows the difference). Anyone else is
+told to wait ``retry_after`` and ask again: the chunk will come from a peer that fetched it.
+
+Reports: a child that got corrupt, slow or refused service from a parent reports it. The
+reporter avoids that parent at once; everyone avoids it once ``report_quorum`` distinct nodes
+reported it (one lying node cannot black-list a healthy parent). Penalties grow with repeated
+strikes: ``penalty[reason] * 2**(strikes-1)``, at most ``max_penalty``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from weightship.errors import ValidationError
+from weightship.manifest import Manifest
+
+__all__ = [
+    "Advice",
+    "NodeView",
+    "Reason",
+    "Source",
+    "Tracker",
+    "TrackerSettings",
+    "bitmap_of",
+    "chunk_order",
+    "indexes_of",
+]
+
+
+class Reason(StrEnum):
+    """Why a child reports a parent."""
+
+    corrupt = "corrupt"
+    slow = "slow"
+    refused = "refused"
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    """The tracker's knobs (``docs/distribution.md``, "Tracker")."""
+
+    #: a node not heard from for this long is forgotten (a few announce intervals)
+    announce_ttl: float = 30.0
+    #: most children one parent is sent to at once, whatever it claims free
+    fanout: int = 4
+    #: how long a handed-out parent counts against its fan-out without news from the child
+    lease_seconds: float = 15.0
+    #: most sources in one answer (the first is the pick, the rest fallbacks)
+    max_sources: int = 3
+    #: most chunk fetches from the tier above at once, cluster-wide (so at most that many nodes)
+    upstream_slots: int = 4
+    #: most nodes fetching one chunk from the tier above at once
+    upstream_per_chunk: int = 1
+    #: how long an upstream grant lasts without the node asking again or announcing
+    upstream_lease: float = 30.0
+    #: what a node told to wait should wait before asking again
+    retry_after: float = 0.2
+    #: distinct reporters after which a parent is avoided by everyone
+    report_quorum: int = 2
+    penalty_corrupt: float = 300.0
+    penalty_slow: float = 30.0
+    penalty_refused: float = 5.0
+    max_penalty: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if min(self.fanout, self.max_sources, self.upstream_slots, self.upstream_per_chunk) < 1:
+            raise ValidationError("tracker fanout, max_sources, upstream_slots and upstream_per_chunk must be ≥ 1")
+        if min(self.announce_ttl, self.lease_seconds, self.upstream_lease, self.retry_after) <= 0:
+            raise ValidationError("tracker durations must be positive")
+
+    def penalty(self, reason: Reason) -> float:
+        """Base avoidance time for one strike of ``reason``."""
+        return {Reason.corrupt: self.penalty_corrupt, Reason.slow: self.penalty_slow}.get(reason, self.penalty_refused)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What a node announced about itself."""
+
+    name: str
+    address: str
+    rack: str = ""
+    zone: str = ""
+    upload_slots_free: int = 0
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parent handed to a child."""
+
+    node: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The answer to "where do I get this chunk": ranked parents, and whether to go upstream."""
+
+    sources: tuple[Source, ...]
+    upstream_allowed: bool
+    #: with no sources and no upstream grant: ask again after this many seconds
+    retry_after: float = 0.0
+
+
+@dataclass
+class _Node:
+    view: NodeView
+    seen: float
+
+
+@dataclass
+class _Penalty:
+    strikes: int = 0
+    reporters: dict[str, float] = field(default_factory=dict)  # reporter -> until
+    until: float = 0.0  # for everyone, once the quorum reported
+
+
+Chunk = tuple[str, int]  # (version digest, chunk index)
+
+
+class Tracker:
+    """One cluster's tracker; each call costs O(holders of one chunk), or O(chunks announced).
+
+    Leases and silent nodes are swept at most every ``sweep_interval`` seconds of the clock, so
+    a lease may outlive its nominal length by that much.
+    """
+
+    def __init__(
+        self,
+        settings: TrackerSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        sweep_interval: float = 1.0,
+    ) -> None:
+        self.settings = settings or TrackerSettings()
+        self.clock = clock
+        self.sweep_interval = sweep_interval
+        self._next_sweep = 0.0
+        self._nodes: dict[str, _Node] = {}
+        self._holders: dict[Chunk, set[str]] = {}
+        self._held: dict[str, dict[str, set[int]]] = {}  # node -> version -> indexes
+        self._assigned: dict[tuple[str, Chunk], tuple[str, float]] = {}  # (child, chunk) -> (parent, until)
+        self._load: dict[str, int] = {}  # parent -> live assignments
+        self._upstream: dict[str, set[Chunk]] = {}  # child -> chunks it fetches upstream
+        self._upstream_chunk: dict[Chunk, dict[str, float]] = {}  # chunk -> child -> until
+        self._grants = 0  # sum of len(v) over _upstream_chunk
+        self._penalties: dict[str, _Penalty] = {}
+
+    # --- announcements -------------------------------------------------------------------------
+
+    def announce(self, view: NodeView, versions: Mapping[str, Iterable[int]]) -> None:
+        """Record what ``view.name`` holds now; replaces what it said before for these versions."""
+        self._sweep()
+        self._nodes[view.name] = _Node(view, self.clock())
+        mine = self._held.setdefault(view.name, {})
+        for version, indexes in versions.items():
+            new = set(indexes)
+            old = mine.get(version, set())
+            for index in old - new:
+                self._drop_holder((version, index), view.name)
+            mine[version] = new
+            for index in new - old:
+                self._holders.setdefault((version, index), set()).add(view.name)
+                self._finished(view.name, (version, index))
+
+    def announce_chunks(self, view: NodeView, version: str, indexes: Iterable[int]) -> None:
+        """Add chunks ``view.name`` just verified (an incremental announcement)."""
+        self._sweep()
+        self._nodes[view.name] = _Node(view, self.clock())
+        mine = self._held.setdefault(view.name, {}).setdefault(version, set())
+        for index in indexes:
+            if index not in mine:
+                mine.add(index)
+                self._holders.setdefault((version, index), set()).add(view.name)
+                self._finished(view.name, (version, index))
+
+    def forget(self, name: str) -> None:
+        """Drop a node and everything it held (it left, or fell silent)."""
+        self._nodes.pop(name, None)
+        for version, indexes in self._held.pop(name, {}).items():
+            for index in indexes:
+                self._drop_holder((version, index), name)
+        for key in [k for k, (parent, _t) in self._assigned.items() if name in (k[0], parent)]:
+            self._release(key)
+        for chunk in list(self._upstream.get(name, ())):
+            self._drop_upstream(chunk, name)
+
+    def holders(self, version: str, index: int) -> set[str]:
+        """Live nodes holding chunk ``index`` of ``version``."""
+        self._sweep()
+        return set(self._holders.get((version, index), ()))
+
+    def node_count(self) -> int:
+        """Live nodes."""
+        self._sweep()
+        return len(self._nodes)
+
+    # --- choosing sources ----------------------------------------------------------------------
+
+    def sources(self, child: str, version: str, index: int) -> Advice:
+        """Ranked parents for chunk ``index`` of ``version``, and whether ``child`` may go upstream."""
+        self._sweep()
+        now = self.clock()
+        s = self.settings
+        key = (version, index)
+        node = self._nodes.get(child)
+        me = node.view if node is not None else NodeView(child, "")
+        ranked: list[tuple[tuple[int, int, int, bytes], NodeView]] = []
+        for name in self._holders.get(key, ()):
+            if name == child or self._avoided(name, child, now):
+                continue
+            parent = self._nodes[name].view
+            spare = min(parent.upload_slots_free, s.fanout) - self._load.get(name, 0)
+            if spare <= 0:
+                continue
+            ranked.append(
+                (
+                    (
+                        -spare,
+                        0 if me.rack and parent.rack == me.rack else 1,
+                        0 if me.zone and parent.zone == me.zone else 1,
+                        hashlib.blake2b(f"{child}/{name}/{index}".encode(), digest_size=8).digest(),
+                    ),
+                    parent,
+                )
+            )
+        ranked.sort(key=lambda item: item[0])
+        picked = tuple(Source(v.name, v.address) for _k, v in ranked[: s.max_sources])
+        if picked:
+            self._release((child, key))
+            self._assigned[(child, key)] = (picked[0].node, now + s.lease_seconds)
+            self._load[picked[0].node] = self._load.get(picked[0].node, 0) + 1
+            return Advice(picked, upstream_allowed=False)
+        if self._admit_upstream(child, key, now):
+            return Advice((), upstream_allowed=True)
+        return Advice((), upstream_allowed=False, retry_after=s.retry_after)
+
+    def _admit_upstream(self, child: str, key: Chunk, now: float) -> bool:
+        s = self.settings
+        fetching = self._upstream_chunk.get(key, {})
+        if child not in fetching:
+            if len(fetching) >= s.upstream_per_chunk or self._grants >= s.upstream_slots:
+                return False
+            self._grants += 1
+        self._upstream.setdefault(child, set()).add(key)
+        self._upstream_chunk.setdefault(key, {})[child] = now + s.upstream_lease
+        return True
+
+    def upstream_count(self) -> int:
+        """Nodes holding an upstream grant now."""
+        self._sweep()
+        return len(self._upstream)
+
+    def upstream_grants(self) -> int:
+        """Chunk fetches from the tier above granted and not yet announced or expired."""
+        self._sweep()
+        return self._grants
+
+    def load(self, parent: str) -> int:
+        """Children currently charged to ``parent``."""
+        self._sweep()
+        return self._load.get(parent, 0)
+
+    # --- reports -------------------------------------------------------------------------------
+
+    def report(self, reporter: str, parent: str, version: str, index: int, reason: Reason) -> None:
+        """``reporter`` got bad service from ``parent`` for a chunk: avoid ``parent`` for a while."""
+        now = self.clock()
+        s = self.settings
+        penalty = self._penalties.setdefault(parent, _Penalty())
+        penalty.strikes += 1
+        length = min(s.max_penalty, s.penalty(reason) * 2 ** (penalty.strikes - 1))
+        penalty.reporters = {r: t for r, t in penalty.reporters.items() if t > now}
+        penalty.reporters[reporter] = now + length
+        if len(penalty.reporters) >= s.report_quorum:
+            penalty.until = max(penalty.until, now + length)
+        assigned = self._assigned.get((reporter, (version, index)))
+        if assigned is not None and assigned[0] == parent:
+            self._release((reporter, (version, index)))
+
+    def avoided(self, parent: str, by: str) -> bool:
+        """Whether ``by`` would not be sent to ``parent`` now."""
+        return self._avoided(parent, by, self.clock())
+
+    def _avoided(self, parent: str, child: str, now: float) -> bool:
+        penalty = self._penalties.get(parent)
+        if penalty is None:
+            return False
+        return penalty.until > now or penalty.reporters.get(child, 0.0) > now
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+
+    def _finished(self, child: str, key: Chunk) -> None:
+        """``child`` now holds ``key``: its parent is free again, its upstream grant for it ends."""
+        self._release((child, key))
+        if key in self._upstream.get(child, ()):
+            self._drop_upstream(key, child)
+
+    def _drop_upstream(self, key: Chunk, child: str) -> None:
+        fetching = self._upstream_chunk.get(key)
+        if fetching is not None:
+            if fetching.pop(child, None) is not None:
+                self._grants -= 1
+            if not fetching:
+                del self._upstream_chunk[key]
+        mine = self._upstream.get(child)
+        if mine is not None:
+            mine.discard(key)
+            if not mine:
+                del self._upstream[child]
+
+    def _release(self, assignment: tuple[str, Chunk]) -> None:
+        found = self._assigned.pop(assignment, None)
+        if found is not None:
+            parent = found[0]
+            self._load[parent] -= 1
+            if self._load[parent] <= 0:
+                del self._load[parent]
+
+    def _drop_holder(self, key: Chunk, name: str) -> None:
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.discard(name)
+            if not holders:
+                del self._holders[key]
+
+    def _sweep(self) -> None:
+        now = self.clock()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self.sweep_interval
+        ttl = self.settings.announce_ttl
+        for name in [n for n, node in self._nodes.items() if now - node.seen > ttl]:
+            self.forget(name)
+        for assignment in [a for a, (_p, until) in self._assigned.items() if until <= now]:
+            self._release(assignment)
+        for key, fetching in list(self._upstream_chunk.items()):
+            for child in [c for c, until in fetching.items() if until <= now]:
+                self._drop_upstream(key, child)
+
+
+# --- chunk numbering shared by announcers and the tracker ----------------------------------------
+
+
+def chunk_order(manifest: Manifest) -> list[str]:
+    """A version's distinct chunk digests in first-seen order (files in order, chunks in order).
+
+    Announcement bitmaps and ``sources`` indexes number chunks in this order.
+    """
+    seen: dict[str, None] = {}
+    for entry in manifest.files:
+        for digest in entry.chunks:
+            seen.setdefault(digest, None)
+    return list(seen)
+
+
+def bitmap_of(indexes: Iterable[int], count: int) -> bytes:
+    """The have-bitmap over ``count`` chunks: bit ``i`` (MSB first in byte ``i // 8``) set if held."""
+    out = bytearray((count + 7) // 8)
+    for i in indexes:
+        if not 0 <= i < count:
+            raise ValidationError(f"chunk index {i} is outside 0..{count - 1}")
+        out[i // 8] |= 0x80 >> (i % 8)
+    return bytes(out)
+
+
+def indexes_of(bitmap: bytes, count: int | None = None) -> Sequence[int]:
+    """The chunk indexes a have-bitmap names; bits at or past ``count`` must be clear."""
+    found = [i * 8 + b for i, byte in enumerate(bitmap) if byte for b in range(8) if byte & (0x80 >> b)]
+    if count is not None and found and found[-1] >= count:
+        raise ValidationError(
+            f"have-bitmap names chunk {found[-1]} but the version has {count} chunks; announce with the "
+            "version's chunk order (agent.tracker.chunk_order)"
+        )
+    return found

@@ -1,0 +1,136 @@
+"""The tracker's HTTP routes, mounted on the cluster cache's peer listener (``PeerServer``).
+
+::
+
+    POST /v1/tracker/announce   TrackerAnnounce  -> 204   ticket's node must be body.node, cover each version
+    GET  /v1/tracker/sources?version=&chunk=     -> TrackerSources   ticket covering version
+    POST /v1/tracker/report     TrackerReport    -> 204   ticket (reporter = ticket's node)
+
+Everything a node says is checked against its ticket (signed by the control plane, checked
+offline): a node can announce only for itself and only versions it is entitled to, so it cannot
+advertise chunks on another node's behalf or learn who holds a version it may not fetch. Chunk
+numbers are the version's ``chunk_order``; the manifest comes from the cache (which has every
+version a pointer names), so a bitmap naming chunks the version does not have is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from pydantic import ValidationError as PydanticValidationError
+
+from agent.tickets import TicketKeeper
+from agent.tracker import NodeView, Reason, Tracker, chunk_order, indexes_of
+from weightship.errors import ForbiddenError, NotFoundError, ValidationError, WeightshipError
+from weightship.logs import event
+from weightship.manifest import Manifest
+from weightship.schemas import TrackerAnnounce, TrackerReport, TrackerSource, TrackerSources
+
+__all__ = ["TrackerRoutes"]
+
+log = logging.getLogger("agent.tracker")
+
+
+class TrackerRoutes:
+    """Binds a ``Tracker`` to HTTP, with ticket checks."""
+
+    def __init__(
+        self, tracker: Tracker, tickets: TicketKeeper, manifests: Callable[[str], Awaitable[Manifest]]
+    ) -> None:
+        self.tracker = tracker
+        self.tickets = tickets
+        self.manifests = manifests
+        self._orders: dict[str, dict[str, int]] = {}
+
+    def mount(self, app: web.Application) -> None:
+        """Add the routes to ``app`` (``PeerServer(extra_routes=...)``)."""
+        app.router.add_post("/v1/tracker/announce", self._announce)
+        app.router.add_get("/v1/tracker/sources", self._sources)
+        app.router.add_post("/v1/tracker/report", self._report)
+
+    async def _order(self, version: str) -> dict[str, int]:
+        order = self._orders.get(version)
+        if order is None:
+            order = {digest: i for i, digest in enumerate(chunk_order(await self.manifests(version)))}
+            self._orders[version] = order
+        return order
+
+    async def _announce(self, request: web.Request) -> web.Response:
+        try:
+            body = TrackerAnnounce.model_validate_json(await request.read())
+            if not body.versions:
+                raise ValidationError("an announcement names at least one version it holds chunks of")
+            header = request.headers.get("Authorization")
+            held: dict[str, list[int]] = {}
+            for version, have in body.versions.items():
+                ticket = await self.tickets.check(header, version)
+                if ticket.node != body.node:
+                    raise ForbiddenError(
+                        f"ticket names node {ticket.node!r} but the announcement is for {body.node!r}; "
+                        "a node announces only for itself"
+                    )
+                held[version] = list(indexes_of(_decode(have.have), len(await self._order(version))))
+            view = NodeView(
+                body.node,
+                body.address,
+                rack=body.labels.get("rack", ""),
+                zone=body.labels.get("zone", ""),
+                upload_slots_free=body.upload_slots_free,
+            )
+            self.tracker.announce(view, held)
+            return web.Response(status=204)
+        except PydanticValidationError as exc:
+            return _problem(ValidationError(f"announcement: {exc.errors()[0].get('msg', 'invalid')}"))
+        except WeightshipError as exc:
+            return _problem(exc)
+
+    async def _sources(self, request: web.Request) -> web.Response:
+        try:
+            version = request.query.get("version", "")
+            chunk = request.query.get("chunk", "")
+            ticket = await self.tickets.check(request.headers.get("Authorization"), version)
+            index = (await self._order(version)).get(chunk)
+            if index is None:
+                raise NotFoundError(f"version {version} has no chunk {chunk}")
+            advice = self.tracker.sources(ticket.node, version, index)
+            answer = TrackerSources(
+                sources=[TrackerSource(node=s.node, address=s.address) for s in advice.sources],
+                upstream_allowed=advice.upstream_allowed,
+                retry_after=advice.retry_after,
+            )
+            return web.Response(text=answer.model_dump_json(), content_type="application/json")
+        except WeightshipError as exc:
+            return _problem(exc)
+
+    async def _report(self, request: web.Request) -> web.Response:
+        try:
+            body = TrackerReport.model_validate_json(await request.read())
+            ticket = await self.tickets.check(request.headers.get("Authorization"), body.version)
+            index = (await self._order(body.version)).get(body.chunk)
+            if index is None:
+                raise NotFoundError(f"version {body.version} has no chunk {body.chunk}")
+            self.tracker.report(ticket.node, body.node, body.version, index, Reason(body.reason))
+            event(log, "tracker.reported", reporter=ticket.node, parent=body.node, reason=body.reason, chunk=body.chunk)
+            return web.Response(status=204)
+        except PydanticValidationError as exc:
+            return _problem(ValidationError(f"report: {exc.errors()[0].get('msg', 'invalid')}"))
+        except WeightshipError as exc:
+            return _problem(exc)
+
+
+def _problem(err: WeightshipError) -> web.Response:
+    headers = {"WWW-Authenticate": "Ticket"} if err.status_code == 401 else {}
+    return web.json_response(
+        {"error": {"code": err.code, "message": err.message}}, status=err.status_code, headers=headers
+    )
+
+
+def _decode(have: str) -> bytes:
+    try:
+        return base64.b64decode(have, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValidationError("have is not a base64 bitmap over the version's chunk order") from None

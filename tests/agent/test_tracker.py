@@ -1,0 +1,213 @@
+"""The pure tracker algorithm, driven by a fake clock: ranking, fan-out, admission, penalties, soft state."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.tracker import (
+    NodeView,
+    Reason,
+    Tracker,
+    TrackerSettings,
+    bitmap_of,
+    chunk_order,
+    indexes_of,
+)
+from weightship.errors import ValidationError
+
+pytestmark = pytest.mark.timeout(10)
+
+V = "sha256:" + "ab" * 32
+
+
+class Clock:
+    """Time that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def node(name: str, rack: str = "", zone: str = "", slots: int = 4) -> NodeView:
+    return NodeView(name, f"http://{name}:7071", rack=rack, zone=zone, upload_slots_free=slots)
+
+
+def make(**settings: float) -> tuple[Tracker, Clock]:
+    clock = Clock()
+    return Tracker(TrackerSettings(**settings), clock, sweep_interval=0.0), clock  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("parents", "expected"),
+    [
+        # spare upload capacity first, whatever the topology
+        ([node("far", "r9", "z9", slots=4), node("near", "r1", "z1", slots=1)], ["far", "near"]),
+        # equal capacity: same rack before same zone before elsewhere
+        ([node("else", "r9", "z9"), node("zone", "r2", "z1"), node("rack", "r1", "z1")], ["rack", "zone", "else"]),
+        # no free slot at all: never handed out
+        ([node("full", "r1", "z1", slots=0), node("ok", "r9", "z9", slots=1)], ["ok"]),
+    ],
+    ids=["capacity_first", "rack_then_zone", "full_parent_skipped"],
+)
+def test_sources_are_ranked_by_spare_capacity_then_rack_then_zone(parents: list[NodeView], expected: list[str]) -> None:
+    tracker, _ = make()
+    for parent in parents:
+        tracker.announce(parent, {V: [0]})
+    tracker.announce(node("child", "r1", "z1"), {V: []})
+    advice = tracker.sources("child", V, 0)
+    assert [s.node for s in advice.sources] == expected
+    assert not advice.upstream_allowed
+
+
+def test_fan_out_per_parent_is_bounded_and_freed_when_the_child_announces() -> None:
+    tracker, _ = make(fanout=2)
+    tracker.announce(node("p", slots=10), {V: [0]})
+    got = [tracker.sources(f"c{i}", V, 0).sources for i in range(3)]
+    assert [len(s) for s in got] == [1, 1, 0]
+    assert tracker.load("p") == 2
+    tracker.announce_chunks(node("c0"), V, [0])  # c0 verified it: p is free for one more, c0 serves too
+    assert tracker.load("p") == 1
+    assert {s.node for s in tracker.sources("c2", V, 0).sources} == {"p", "c0"}
+
+
+def test_fan_out_lease_expires_without_news_from_the_child() -> None:
+    tracker, clock = make(fanout=1, lease_seconds=5.0)
+    tracker.announce(node("p"), {V: [0]})
+    assert tracker.sources("a", V, 0).sources
+    assert not tracker.sources("b", V, 0).sources
+    clock.now += 5.1
+    tracker.announce(node("p"), {V: [0]})  # still alive
+    assert [s.node for s in tracker.sources("b", V, 0).sources] == ["p"]
+
+
+def test_equal_parents_share_the_load_rather_than_the_first_taking_it_all() -> None:
+    tracker, _ = make(fanout=100)
+    for i in range(4):
+        tracker.announce(node(f"p{i}", slots=100), {V: list(range(64))})
+    firsts = {tracker.sources(f"c{c}", V, k).sources[0].node for c in range(4) for k in range(16)}
+    assert len(firsts) == 4
+
+
+@pytest.mark.parametrize(
+    ("slots", "per_chunk", "asks", "allowed"),
+    [
+        # one node per chunk goes up; the others wait for it
+        (4, 1, [("a", 0), ("b", 0), ("c", 1)], [True, False, True]),
+        # at most two chunk fetches upstream at once, cluster-wide
+        (2, 1, [("a", 0), ("b", 1), ("c", 2), ("a", 3)], [True, True, False, False]),
+        # a node asking again for a chunk it was granted keeps its grant
+        (1, 1, [("a", 0), ("a", 0), ("b", 1)], [True, True, False]),
+        # a lone node may use every slot: nobody else could feed it
+        (3, 1, [("a", 0), ("a", 1), ("a", 2), ("a", 3)], [True, True, True, False]),
+    ],
+    ids=["per_chunk", "cluster_wide", "regrant", "lone_node"],
+)
+def test_upstream_admission_is_bounded(
+    slots: int, per_chunk: int, asks: list[tuple[str, int]], allowed: list[bool]
+) -> None:
+    tracker, _ = make(upstream_slots=slots, upstream_per_chunk=per_chunk)
+    answers = [tracker.sources(child, V, index) for child, index in asks]
+    assert [a.upstream_allowed for a in answers] == allowed
+    assert all(a.retry_after > 0 for a in answers if not a.upstream_allowed)
+    assert tracker.upstream_grants() <= slots
+
+
+def test_upstream_grant_ends_when_the_chunk_is_announced_and_waiters_get_the_new_holder() -> None:
+    tracker, clock = make(upstream_slots=1, upstream_lease=30.0)
+    assert tracker.sources("a", V, 0).upstream_allowed
+    assert not tracker.sources("b", V, 0).upstream_allowed
+    tracker.announce_chunks(node("a"), V, [0])
+    assert tracker.upstream_count() == 0
+    assert [s.node for s in tracker.sources("b", V, 0).sources] == ["a"]
+    # a grant whose holder vanished expires
+    assert tracker.sources("c", V, 1).upstream_allowed
+    assert not tracker.sources("d", V, 2).upstream_allowed
+    clock.now += 31
+    assert tracker.sources("d", V, 2).upstream_allowed
+
+
+@pytest.mark.parametrize(
+    ("reason", "base"),
+    [(Reason.corrupt, 300.0), (Reason.slow, 30.0), (Reason.refused, 5.0)],
+)
+def test_reported_parent_is_avoided_by_the_reporter_at_once_and_by_all_after_a_quorum(
+    reason: Reason, base: float
+) -> None:
+    tracker, clock = make()
+    tracker.announce(node("bad", slots=4), {V: [0]})
+    tracker.announce(node("good", slots=1), {V: [0]})
+    assert tracker.sources("a", V, 0).sources[0].node == "bad"
+    tracker.report("a", "bad", V, 0, reason)
+    assert [s.node for s in tracker.sources("a", V, 0).sources] == ["good"]
+    assert tracker.sources("b", V, 0).sources[0].node == "bad"  # one report is not enough for others
+    tracker.report("b", "bad", V, 0, reason)
+    assert "bad" not in [s.node for s in tracker.sources("c", V, 0).sources]
+    # second strike doubled the penalty: still avoided after the base time, free after the doubled one
+    clock.now += base + 1
+    tracker.announce(node("bad", slots=4), {V: [0]})
+    assert tracker.avoided("bad", "c")
+    clock.now += base
+    tracker.announce(node("bad", slots=4), {V: [0]})
+    assert not tracker.avoided("bad", "c")
+
+
+def test_a_report_frees_the_reporters_fan_out_charge() -> None:
+    tracker, _ = make(fanout=1)
+    tracker.announce(node("slow"), {V: [0]})
+    tracker.announce(node("other", slots=1), {V: [0]})
+    assert tracker.sources("a", V, 0).sources[0].node == "slow"
+    tracker.report("a", "slow", V, 0, Reason.slow)
+    assert tracker.load("slow") == 0
+    assert [s.node for s in tracker.sources("a", V, 0).sources] == ["other"]
+
+
+def test_state_is_soft_silent_nodes_are_forgotten_and_a_restart_rebuilds_from_announcements() -> None:
+    tracker, clock = make(announce_ttl=30.0)
+    tracker.announce(node("p"), {V: [0, 1]})
+    clock.now += 31
+    assert tracker.node_count() == 0
+    assert tracker.sources("c", V, 0).sources == ()
+    restarted = Tracker(TrackerSettings(), clock, sweep_interval=0.0)
+    assert restarted.sources("c", V, 0).sources == ()
+    restarted.announce(node("p"), {V: [0, 1]})  # the periodic re-announcement
+    assert [s.node for s in restarted.sources("c", V, 1).sources] == ["p"]
+
+
+def test_an_announcement_replaces_what_the_node_held_before() -> None:
+    tracker, _ = make()
+    tracker.announce(node("p"), {V: [0, 1]})
+    tracker.announce(node("p"), {V: [1]})  # chunk 0 evicted
+    assert tracker.holders(V, 0) == set()
+    assert tracker.holders(V, 1) == {"p"}
+
+
+def test_a_node_is_never_its_own_source() -> None:
+    tracker, _ = make()
+    tracker.announce(node("p"), {V: [0]})
+    assert tracker.sources("p", V, 0).sources == ()
+
+
+@pytest.mark.parametrize("indexes", [[], [0], [0, 7, 8], list(range(0, 37, 3)), list(range(37))])
+def test_bitmap_round_trips(indexes: list[int]) -> None:
+    assert list(indexes_of(bitmap_of(indexes, 37), 37)) == indexes
+
+
+def test_bitmap_naming_a_chunk_past_the_version_is_refused() -> None:
+    with pytest.raises(ValidationError, match="has 3 chunks"):
+        indexes_of(bitmap_of([5], 8), 3)
+
+
+def test_chunk_order_numbers_distinct_chunks_in_file_order() -> None:
+    from types import SimpleNamespace
+
+    manifest = SimpleNamespace(files=(SimpleNamespace(chunks=("a", "b", "a")), SimpleNamespace(chunks=("c", "b"))))
+    assert chunk_order(manifest) == ["a", "b", "c"]  # type: ignore[arg-type]
+
+
+def test_settings_refuse_nonsense() -> None:
+    with pytest.raises(ValidationError):
+        TrackerSettings(fanout=0)
+    with pytest.raises(ValidationError):
+        TrackerSettings(lease_seconds=0)
