@@ -32,6 +32,7 @@ Usage: python bench/simulate.py [--scenario plan|fanout|both] [--nodes N] [--clu
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import itertools
 import json
@@ -45,8 +46,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.config import parse_size
 from agent.tracker import NodeView, Tracker, TrackerSettings
+from weightship.sizes import parse_size
 
 VERSION = "sha256:" + "5e" * 32
 
@@ -110,7 +111,7 @@ class Network:
             flow.rate = min(flow.src.up / len(flow.src.uploads), flow.dst.down / len(flow.dst.downloads))
             flow.token += 1
             token = flow.token
-            self.at(self.now + max(0.0, flow.remaining) / flow.rate, lambda f=flow, t=token: self._finish(f, t))
+            self.at(self.now + max(0.0, flow.remaining) / flow.rate, functools.partial(self._finish, flow, token))
 
     def _finish(self, flow: Flow, token: int) -> None:
         if token != flow.token:
@@ -204,13 +205,17 @@ class Node:
                 parent = self.sim.nodes[advice.sources[0].node]
                 self._start(
                     i,
-                    lambda idx=index, p=parent: self.sim.net.send(
-                        p.link, self.link, self.sim.size(idx), lambda: self._got(idx, True)
+                    functools.partial(
+                        self.sim.net.send,
+                        parent.link,
+                        self.link,
+                        self.sim.size(index),
+                        functools.partial(self._got, index, True),
                     ),
                 )
             elif advice.upstream_allowed:
                 cache = self.sim.cluster_caches[self.cluster]
-                self._start(i, lambda idx=index, c=cache: c.serve(idx, self.link, lambda: self._got(idx, False)))
+                self._start(i, functools.partial(cache.serve, index, self.link, functools.partial(self._got, index, False)))
             else:
                 i += 1
         if len(self.inflight) < self.sim.args.concurrency and self.todo and not self.retry_pending:
@@ -268,7 +273,7 @@ class Simulation:
         self.remaining = args.nodes
 
     def size(self, index: int) -> int:
-        return min(self.chunk, self.size_bytes - index * self.chunk)
+        return int(min(self.chunk, self.size_bytes - index * self.chunk))
 
     def reannounce(self) -> None:
         for node in self.nodes.values():
@@ -302,7 +307,7 @@ class Simulation:
         origin_bytes = self.origin.sent
         naive = args.nodes * self.size_bytes / (args.origin / 8)
         peer = sum(n.from_peers for n in self.nodes.values())
-        cache = sum(n.from_cache for n in self.nodes.values())
+        cached = sum(n.from_cache for n in self.nodes.values())
         return {
             "scenario": args.scenario,
             "N": args.nodes,
@@ -318,7 +323,7 @@ class Simulation:
             "time_over_link_bound": round(makespan / bound, 3),
             "origin_egress_over_size": round(origin_bytes / self.size_bytes, 3),
             "speedup_over_origin": round(max(naive, ideal) / makespan, 2),
-            "peer_share": round(peer / max(1, peer + cache), 3),
+            "peer_share": round(peer / max(1, peer + cached), 3),
             "events": self.net.events,
             "wall_s": round(time.perf_counter() - started, 2),
         }

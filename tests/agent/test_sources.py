@@ -17,9 +17,9 @@ from agent.rangeclient import RangeClient
 from agent.sources import Sources
 from agent.staging import Staging
 from agent.tracker import NodeView, Tracker, TrackerSettings, chunk_order
-from tests.agent.fleet_fakes import Origin
 from tests.agent.test_fetcher import URLs
 from tests.agent.tracker_parts import Signer, chunk_server, serve, tracker_server
+from weightship.testing import Origin
 
 pytestmark = pytest.mark.timeout(60)
 

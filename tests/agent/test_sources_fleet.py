@@ -18,10 +18,10 @@ import pytest
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.controlplane_process import ADMIN_TOKEN
 from tests.agent.fleet import Fleet
-from tests.agent.fleet_fakes import FaultProxy
 from tests.agent.peers import peer_url, start_cache
 from weightship.digests import hex_of
 from weightship.schemas import DeploymentStatus
+from weightship.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -43,7 +43,7 @@ async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
 
 
 async def tracker_server(tracker: Tracker, signer: Signer, manifests: dict[str, Manifest]) -> tuple[web.AppRunner, str]:
-    keeper = TicketKeeper(signer)  # type: ignore[arg-type]
+    keeper = TicketKeeper(signer)
     await keeper.refresh_keys()
 
     async def manifest(version: str) -> Manifest:
