@@ -171,6 +171,7 @@ class Fanout:
         self.cp_url = ""
         self.token = ""
         self.digest = ""
+        self.cp_proc: subprocess.Popen[bytes] | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def build(self) -> None:
@@ -178,7 +179,7 @@ class Fanout:
         net, rate = self.net, self.args.rate_bits
         net.create()
         origin = net.add_host("origin", 1, self.args.origin_rate_bits)
-        net.add_host("cache", 2, rate)
+        net.add_host("cache", 2, self.args.cache_rate_bits)
         for i, node in enumerate(self.nodes):
             net.add_host(node, 10 + i, rate)
         self.cp_url = f"http://{origin.ip}:{CP_PORT}"
@@ -192,7 +193,7 @@ class Fanout:
         }
         argv = [PY, "-m", "controlplane", "serve", "--host", "0.0.0.0", "--port", str(CP_PORT)]
         argv += ["--log-level", "warning"]
-        net.spawn("origin", argv, self.work / "controlplane.log", env, REPO)
+        self.cp_proc = net.spawn("origin", argv, self.work / "controlplane.log", env, REPO)
 
     def publish(self) -> int:
         """Publish the artifact over the origin's loopback (unshaped, uncounted); returns its size."""
@@ -209,8 +210,10 @@ class Fanout:
         self.digest = version.digest
         return int(version.size)
 
-    @staticmethod
-    def _ready(client: Client) -> bool:
+    def _ready(self, client: Client) -> bool:
+        if self.cp_proc is not None and self.cp_proc.poll() is not None:
+            log = (self.work / "controlplane.log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"the control plane exited with {self.cp_proc.returncode}:\n{log}")
         client.list_models()
         return True
 
@@ -280,7 +283,7 @@ class Fanout:
         busy1, total1 = cpu_times()
         own = (process_cpu(ours) - own0) / (seconds * (os.cpu_count() or 1))
         egress = self.net.counters("origin")[1] - origin_tx
-        sources = self.source_bytes(deployment)
+        sources = self.source_bytes(procs)
         for _host, proc in procs.values():
             self.net.stop(proc)
         for name in procs:  # tmpfs: (a)'s copies must not crowd out (b)'s
@@ -288,16 +291,18 @@ class Fanout:
         share = (busy1 - busy0) / max(1, total1 - total0)
         return Result(seconds, egress, share, sorted(ready.values()), sources, own)
 
-    def source_bytes(self, deployment: str) -> dict[str, int]:
-        """Origin egress and bytes delivered as the control plane reports them (heartbeats), where it does."""
-        try:
-            with self.net.inside("origin"), Client(f"http://127.0.0.1:{CP_PORT}", ADMIN) as client:
-                status = client.deployment_status(deployment)
-        except Exception:
-            return {}
-        return {
-            k: int(v) for k in ("origin_bytes", "delivered_bytes") if isinstance(v := getattr(status, k, None), int)
-        }
+    def source_bytes(self, procs: dict[str, tuple[str, subprocess.Popen[bytes]]]) -> dict[str, int]:
+        """Bytes the nodes received per source (peer, cluster_cache, origin...), summed over their local APIs.
+
+        Empty where the agents do not count per source (a checkout without the sources counters).
+        """
+        total: dict[str, int] = {}
+        for host, _proc in procs.values():
+            with self.net.inside(host):
+                doc = httpx.get("http://127.0.0.1:7070/local/v1/status", timeout=10).json()
+            for source, tally in doc.get("counters", {}).get("sources", {}).items():
+                total[source] = total.get(source, 0) + int(tally.get("bytes", 0))
+        return {k: v for k, v in total.items() if v}
 
     def check_weightship_mode(self) -> None:
         """Raise ``ModeUnavailable`` naming the missing agent flags (and their branches)."""
@@ -326,12 +331,19 @@ class Fanout:
                 address = f"http://{self.net.hosts[node].ip}:{PEER_PORT}"
                 return [
                     "--peer-listen", f"0.0.0.0:{PEER_PORT}", "--peer-address", address,
-                    "--cluster-cache", cache_url, "--rack", f"r{int(node[1:]) % 4}", *self.args.node_flag,
+                    "--cluster-cache", cache_url, "--rack", f"r{int(node[1:]) % 4}",
+                    # A parent shares its link among up to 4 children (the tracker's default fan-out):
+                    # the agent's 5 MB/s default would cut healthy parents off on a 100 Mbit/s link.
+                    "--peer-min-rate", str(self.args.rate_bits // 8 // 8), *self.args.node_flag,
                 ]  # fmt: skip
 
             return self.run_mode("b", node_flags)
         finally:
             self.net.stop(proc)
+
+
+def sources_text(sources: dict[str, int], size: int) -> str:
+    return ", ".join(f"{v / size:.2f}× S from {k}" for k, v in sorted(sources.items()))
 
 
 def report(label: str, result: Result, size: int, ideal: float) -> None:
@@ -342,7 +354,7 @@ def report(label: str, result: Result, size: int, ideal: float) -> None:
         f"{label}: all ready in {result.seconds:.1f}s = {result.seconds / ideal:.2f}× ideal ({spread}); "
         f"origin egress {result.origin_egress / size:.2f}× S; CPU busy {result.cpu_busy_share:.0%} "
         f"(this run's processes {result.own_cpu_share:.0%})"
-        + (f"; control plane counts {result.sources}" if result.sources else ""),
+        + (f"; nodes received {sources_text(result.sources, size)}" if result.sources else ""),
         flush=True,
     )
 
@@ -357,7 +369,7 @@ def figures(result: Result | None, size: int, ideal: float) -> dict[str, Any] | 
         "cpu_busy_share": round(result.cpu_busy_share, 3),
         "own_cpu_share": round(result.own_cpu_share, 3),
         "node_ready_seconds": [round(s, 2) for s in result.ready_seconds],
-        **result.sources,
+        "node_bytes_by_source": result.sources,
     }
 
 
@@ -368,6 +380,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=4, help="weight files the artifact is split into")
     parser.add_argument("--rate", default="100Mbit", help="every node link and the cache link, each way")
     parser.add_argument("--origin-rate", help="the origin link (default: --rate)")
+    parser.add_argument("--cache-rate", help="the cluster cache's link (default: --rate)")
     parser.add_argument("--chunk-size", default="4MiB", help="manifest chunk size (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=8, help="agent chunk requests in flight per version")
     parser.add_argument("--mode", choices=("both", "origin", "weightship"), default="both")
@@ -375,11 +388,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a mode may take before it fails")
     parser.add_argument("--cache-flag", action="append", default=[], help="extra flag for the cache agent")
     parser.add_argument("--node-flag", action="append", default=[], help="extra flag for mode (b) node agents")
+    parser.add_argument("--logs", help="copy every process's log into this directory before cleaning up")
     parser.add_argument("--dir", help="work directory (default: a new one on /dev/shm, removed afterwards)")
     args = parser.parse_args()
     args.size, args.chunk = parse_size(args.size), parse_size(args.chunk_size)
     args.rate_bits = parse_rate(args.rate)
     args.origin_rate_bits = parse_rate(args.origin_rate) if args.origin_rate else args.rate_bits
+    args.cache_rate_bits = parse_rate(args.cache_rate) if args.cache_rate else args.rate_bits
     if not 1 <= args.nodes <= 200:
         raise SystemExit("--nodes must be between 1 and 200 (one /24, addresses .10 upwards)")
 
@@ -397,7 +412,13 @@ def main() -> int:
     bench = Fanout(args, work)
 
     def clean_up() -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         bench.net.close()
+        if args.logs:
+            Path(args.logs).mkdir(parents=True, exist_ok=True)
+            for log in work.glob("*.log"):
+                shutil.copy(log, Path(args.logs) / log.name)
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -455,6 +476,9 @@ def main() -> int:
                 "size": size,
                 "rate_bits": args.rate_bits,
                 "origin_rate_bits": args.origin_rate_bits,
+                "cache_rate_bits": args.cache_rate_bits,
+                "cache_flags": args.cache_flag,
+                "node_flags": args.node_flag,
                 "chunk_size": args.chunk,
                 "ideal_seconds": round(ideal, 2),
                 "time_over_ideal": round(weightship.seconds / ideal, 3) if weightship else None,
