@@ -60,11 +60,11 @@ from safetensors.numpy import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.config import parse_size
 from bench.topology import Topology, TopologyError, unavailable
 from weightship.client import Client
 from weightship.digests import hex_of
 from weightship.errors import WeightshipError
+from weightship.sizes import parse_size
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
