@@ -33,7 +33,7 @@ from typing import Protocol
 
 from agent.counters import Counters
 from agent.rangeclient import RangeClient, UrlRejected
-from agent.sources import Sources, Want, reason_of
+from agent.sources import Sources, Want, is_busy, reason_of
 from agent.staging import ChunkJob, Staging
 from agent.store import LocalChunk
 from weightship.backoff import DelaySequence
@@ -47,6 +47,9 @@ log = logging.getLogger("agent.fetcher")
 
 #: refresh a blob URL this long before it expires
 URL_MARGIN = timedelta(seconds=30)
+#: first and longest pause before asking busy peers and caches again (seconds)
+_BUSY_PAUSE = 0.2
+_BUSY_PAUSE_MAX = 2.0
 
 
 class BlobURLSource(Protocol):
@@ -197,11 +200,31 @@ class Fetcher:
             buffers.put(buf)
 
     async def _from_sources(self, staging: Staging, job: ChunkJob, view: memoryview) -> bool:
-        """Try peers and caches (``agent.sources``); True once the chunk is verified and placed."""
+        """Try peers and caches (``agent.sources``); True once the chunk is verified and placed.
+
+        A round that failed only because sources were busy is repeated after a short, growing
+        pause, until the sources' ``busy_limit``; any other failure goes on to the origin at once.
+        """
+        assert self.sources is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.sources.busy_limit
+        pause = _BUSY_PAUSE
+        while True:
+            placed, busy = await self._source_round(staging, job, view)
+            if placed:
+                return True
+            if not busy or loop.time() + pause > deadline:
+                return False
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(pause * 2, _BUSY_PAUSE_MAX)
+
+    async def _source_round(self, staging: Staging, job: ChunkJob, view: memoryview) -> tuple[bool, bool]:
+        """One pass over the tiers: (placed, whether some source refused only for load)."""
         assert self.sources is not None
         loop = asyncio.get_running_loop()
         tally = self.counters.sources
         want = Want(staging.manifest.digest, job.digest, job.blob, job.placements[0].chunk, job.length)
+        busy = False
         async with contextlib.aclosing(self.sources.attempts(want)) as attempts:
             async for attempt in attempts:
                 try:
@@ -211,6 +234,7 @@ class Fetcher:
                     raise
                 except WeightshipError as exc:
                     tally.failed(attempt.source)
+                    busy = busy or is_busy(exc)
                     if isinstance(exc, IntegrityError):
                         self.counters.add(chunks_rejected=1)
                     event(log, "fetch.source_failed", logging.WARNING, source=attempt.source, parent=attempt.parent,
@@ -222,8 +246,8 @@ class Fetcher:
                 if attempt.source == "peer":
                     self.counters.add(bytes_from_peers=job.length)
                 self.sources.verified(staging.manifest, [job.digest])
-                return True
-        return False
+                return True, busy
+        return False, busy
 
     async def _download(self, staging: Staging, job: ChunkJob, view: memoryview, warn: Trouble) -> None:
         loop = asyncio.get_running_loop()

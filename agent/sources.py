@@ -11,7 +11,10 @@ right to go up a tier, or says wait. A node told to wait asks again after ``retr
 ``wait_limit`` passed, then goes up anyway: liveness beats the bound when a peer that was
 supposed to fetch the chunk died. A parent slower than ``peer_min_rate`` (bytes/s, after a
 ``slow_floor`` second allowance) is cut off and reported ``slow``; a 429/503 is ``refused``. A
-tracker that does not answer is skipped (the node falls back up the tiers).
+tracker that does not answer is skipped (the node falls back up the tiers). When a round of tiers
+ends with a source that was only busy (429/503), the node waits and asks again, up to
+``busy_limit`` seconds, before it goes to the origin: a busy cache will serve soon, and escalating
+every refused chunk to the origin is what turns one origin copy per cluster into several.
 
 Announcements: every verified chunk (from any source) is added to the node's have-set and sent,
 batched, ``announce_debounce`` seconds later; the whole set is re-sent every
@@ -128,6 +131,7 @@ class Sources:
         peer_min_rate: float = 5e6,
         slow_floor: float = 2.0,
         wait_limit: float = 5.0,
+        busy_limit: float = 30.0,
         announce_interval: float = 10.0,
         announce_debounce: float = 0.1,
     ) -> None:
@@ -144,6 +148,7 @@ class Sources:
         self.peer_min_rate = peer_min_rate
         self.slow_floor = slow_floor
         self.wait_limit = wait_limit
+        self.busy_limit = busy_limit
         self.announce_interval = announce_interval
         self.announce_debounce = announce_debounce
         self._session: aiohttp.ClientSession | None = None
@@ -308,6 +313,11 @@ class _Refused(TemporaryError):
 
 class _Slow(TemporaryError):
     """A source sent too slowly and was cut off."""
+
+
+def is_busy(error: WeightshipError) -> bool:
+    """The source refused for load (429/503): worth waiting for rather than going up to the origin."""
+    return isinstance(error, _Refused)
 
 
 def reason_of(error: WeightshipError) -> str:

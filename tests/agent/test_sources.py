@@ -175,3 +175,37 @@ async def test_with_the_tracker_and_cache_down_a_node_falls_back_up_the_tiers_to
     assert tally["origin"].chunks == chunks
     assert tally["cluster_cache"].errors == chunks  # each chunk tried the cache first
     assert tally["peer"].errors == 0
+
+
+async def test_a_busy_cache_is_waited_for_instead_of_sending_the_chunk_to_the_origin(
+    tmp_path: Path, origin: Origin, make_model: Callable[..., Path]
+) -> None:
+    model = make_model("e", tensors_mb=0.5)
+    manifest = origin.publish(model, "m")
+    app, served = chunk_server(model, manifest, busy_first=2)
+    runner, cache_url = await serve(app)
+    signer = Signer()
+
+    async def tickets(versions: list[str]) -> str:
+        return signer.sign("me", versions)
+
+    sources = Sources(node="me", address="", labels={}, tickets=tickets, cluster_cache=cache_url)
+    counters = Counters()
+    client = RangeClient()
+    staging = Staging(tmp_path / "staging", manifest)
+    staging.open()
+    fetcher = Fetcher(client, URLs(origin.url), counters, ThreadPoolExecutor(2), concurrency=2,
+                      attempts=2, backoff_initial=0.01, backoff_max=0.02, sources=sources)  # fmt: skip
+    try:
+        await asyncio.wait_for(fetcher.fetch(staging, {}), 30)
+    finally:
+        await client.close()
+        await sources.close()
+        await runner.cleanup()
+    assert staging.jobs() == []
+    tally = counters.snapshot().sources
+    chunks = len(chunk_order(manifest))
+    assert tally["origin"].chunks == 0  # a refusal for load is waited out, never escalated
+    assert tally["cluster_cache"].chunks == chunks
+    assert tally["cluster_cache"].errors == 2 * chunks
+    assert sorted(served) == sorted(chunk_order(manifest))

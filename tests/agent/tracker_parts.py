@@ -54,9 +54,15 @@ async def tracker_server(tracker: Tracker, signer: Signer, manifests: dict[str, 
     return await serve(app)
 
 
-def chunk_server(model_dir: Path, manifest: Manifest, poison: bool = False) -> tuple[web.Application, list[str]]:
-    """A peer serving chunks of ``manifest`` from ``model_dir`` (or, poisoned, flipped bytes)."""
+def chunk_server(
+    model_dir: Path, manifest: Manifest, poison: bool = False, busy_first: int = 0
+) -> tuple[web.Application, list[str]]:
+    """A peer serving chunks of ``manifest`` from ``model_dir`` (or, poisoned, flipped bytes).
+
+    With ``busy_first`` it answers 503 (over its upload limit) to the first requests for each chunk.
+    """
     served: list[str] = []
+    refused: dict[str, int] = {}
     by_digest = {}
     for entry in manifest.files:
         for index, digest in enumerate(entry.chunks):
@@ -64,6 +70,9 @@ def chunk_server(model_dir: Path, manifest: Manifest, poison: bool = False) -> t
 
     async def chunk(request: web.Request) -> web.Response:
         digest = request.match_info["chunk"]
+        if refused.get(digest, 0) < busy_first:
+            refused[digest] = refused.get(digest, 0) + 1
+            return web.Response(status=503, headers={"Retry-After": "1"})
         path, start, end = by_digest[digest]
         with open(model_dir / path, "rb") as handle:  # noqa: ASYNC230 (small test files)
             handle.seek(start)
