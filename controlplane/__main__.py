@@ -163,8 +163,8 @@ def _serve(host: str, port: int, log_level: str) -> int:
 
 
 def _migrate(show: bool) -> int:
-    from controlplane import migrate
-    from controlplane.db import make_engine
+    from controlplane.persistence import migrate
+    from controlplane.persistence.db import make_engine
     from controlplane.settings import Settings
 
     engine = make_engine(Settings().database_url)

@@ -5,7 +5,7 @@ Routes live in modules named after what they manage (``registry``, ``publish``,
 ``WeightshipError`` escaping a route becomes an ``ErrorBody`` with the error's status code; a
 ``TemporaryError`` (503) carries ``Retry-After``. A database that is locked, out of pooled
 connections or unreachable answers 503 ``database_unavailable`` within the engine's bounded
-waits (``controlplane.db.make_engine``), never a 500 after a stall. Request bodies are bounded
+waits (``controlplane.persistence.db.make_engine``), never a 500 after a stall. Request bodies are bounded
 per route (``controlplane.limits``).
 """
 
@@ -29,8 +29,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.db import QueryCounter, make_engine, make_sessionmaker
 from controlplane.limits import BodyLimit
+from controlplane.persistence.db import QueryCounter, make_engine, make_sessionmaker
 from controlplane.registry import database_errors
 from controlplane.settings import Settings
 from controlplane.watcher import watching
@@ -76,8 +76,9 @@ async def _sweep_uploads_forever(state: AppState) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
-    from controlplane import deployments, fleet, metrics, migrate, publish, registry, tokens
-    from controlplane.store import open_store
+    from controlplane import deployments, fleet, metrics, publish, registry, tokens
+    from controlplane.persistence import migrate
+    from controlplane.persistence.store import open_store
 
     settings = settings or Settings()
 

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.authcache import token_cache_of
-from controlplane.db import NodeRow, TokenRow
+from controlplane.persistence.db import NodeRow, TokenRow
 from weightship.errors import AuthError, ForbiddenError
 from weightship.schemas import Role
 

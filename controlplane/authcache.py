@@ -26,8 +26,8 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.db import TokenRow
 from controlplane.notify import RESYNC, changes_of, token_topic
+from controlplane.persistence.db import TokenRow
 
 __all__ = ["MAX_ENTRIES", "TTL_SECONDS", "TokenCache", "announce_revoked", "token_cache_of"]
 

@@ -39,9 +39,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, require
-from controlplane.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
 from controlplane.metrics import metrics_of
 from controlplane.notify import DEPLOYMENTS, changes_of
+from controlplane.persistence.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
 from controlplane.registry import database_errors, resolve_version
 from weightship.errors import (
     ConflictError,

@@ -57,9 +57,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for, require, require_enrolment, require_node
-from controlplane.db import DeploymentRow, NodeRow, VersionRow, utcnow
 from controlplane.deployments import to_schema
 from controlplane.metrics import metrics_of
+from controlplane.persistence.db import DeploymentRow, NodeRow, VersionRow, utcnow
 from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, snapshots_of, unknown_node
 from controlplane.tokens import active_node_token, mint_node_token
 from weightship.digests import sha256_hex

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from controlplane.db import DeploymentRow, NodeRow, utcnow
+from controlplane.persistence.db import DeploymentRow, NodeRow, utcnow
 from controlplane.registry import database_errors
 from weightship.errors import TemporaryError
 

@@ -63,7 +63,9 @@ from sqlalchemy import select, update
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import Principal, require
-from controlplane.db import ModelRow, UploadSessionRow, VersionRow, utcnow
+from controlplane.persistence.db import ModelRow, UploadSessionRow, VersionRow, utcnow
+from controlplane.persistence.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
+from controlplane.persistence.store.parts import plan_parts, stat_matches, verify_stored
 from controlplane.registry import (
     check_labels_free,
     claim_label_objects,
@@ -74,8 +76,6 @@ from controlplane.registry import (
     record_version,
     version_info,
 )
-from controlplane.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
-from controlplane.store.parts import plan_parts, stat_matches, verify_stored
 from weightship.digests import sha256_hex
 from weightship.errors import (
     ConflictError,

@@ -38,9 +38,9 @@ from sqlalchemy import exc, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.auth import ANY_ROLE, Principal, require
-from controlplane.db import BlobChunksRow, LabelRow, ModelRow, VersionRow
-from controlplane.store import LocalStore, OriginStore, label_key, manifest_key
-from controlplane.store.signing import signed_blob_url, verify_blob_signature
+from controlplane.persistence.db import BlobChunksRow, LabelRow, ModelRow, VersionRow
+from controlplane.persistence.store import LocalStore, OriginStore, label_key, manifest_key
+from controlplane.persistence.store.signing import signed_blob_url, verify_blob_signature
 from weightship.digests import hex_of, is_hex, parse_digest, sha256_hex
 from weightship.errors import ConflictError, DatabaseUnavailable, IntegrityError, NotFoundError
 from weightship.manifest import (

@@ -31,8 +31,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.db import DeploymentRow, NodeRow
 from controlplane.notify import DEPLOYMENTS, RESYNC, changes_of
+from controlplane.persistence.db import DeploymentRow, NodeRow
 from weightship.errors import NotFoundError
 
 __all__ = [

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.auth import ANY_ROLE, Principal, hash_secret, new_secret, require
 from controlplane.authcache import announce_revoked
-from controlplane.db import NodeRow, TokenRow, utcnow
+from controlplane.persistence.db import NodeRow, TokenRow, utcnow
 from weightship.errors import ConflictError, NotFoundError
 from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo
 

@@ -33,7 +33,7 @@ from fastapi import FastAPI
 
 from controlplane.app import AppState, create_app
 from controlplane.auth import hash_secret, new_secret
-from controlplane.db import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
+from controlplane.persistence.db import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
 from controlplane.settings import Settings
 from weightship.manifest import Manifest, build_manifest
 from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from controlplane.app import AppState
-from controlplane.db import PointerEventRow
 from controlplane.deployments import GENERATION_KEY, Pointer, change_pointer
+from controlplane.persistence.db import PointerEventRow
 from weightship.errors import PreconditionFailed
 from weightship.schemas import Role
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from controlplane.app import AppState
-from controlplane.db import DeploymentRow, PointerEventRow
+from controlplane.persistence.db import DeploymentRow, PointerEventRow
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import update
 
 from controlplane.app import AppState
-from controlplane.db import DeploymentRow, NodeRow, utcnow
 from controlplane.fleet import RECHECK_SECONDS, canary_bucket, in_canary
+from controlplane.persistence.db import DeploymentRow, NodeRow, utcnow
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(60)

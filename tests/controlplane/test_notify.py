@@ -12,8 +12,8 @@ from sqlalchemy import text, update
 from controlplane import snapshot
 from controlplane.app import AppState
 from controlplane.authcache import TokenCache
-from controlplane.db import DeploymentRow, TokenRow, query_count
 from controlplane.notify import CHANNEL, DEPLOYMENTS, RESYNC, token_topic
+from controlplane.persistence.db import DeploymentRow, TokenRow, query_count
 from tests.controlplane.test_fleet import (
     BackgroundPoll,
     Headers,

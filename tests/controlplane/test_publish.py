@@ -16,10 +16,10 @@ import pytest
 from sqlalchemy import update
 
 from controlplane.app import AppState
-from controlplane.db import UploadSessionRow
+from controlplane.persistence.db import UploadSessionRow
+from controlplane.persistence.store import LocalStore, S3Store
 from controlplane.publish import sweep_expired_uploads
 from controlplane.settings import Settings
-from controlplane.store import LocalStore, S3Store
 from weightship.manifest import canonical_json
 from weightship.schemas import UploadSession, VersionInfo
 

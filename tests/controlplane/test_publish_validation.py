@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from controlplane.app import AppState
-from controlplane.db import ModelRow, UploadSessionRow
+from controlplane.persistence.db import ModelRow, UploadSessionRow
 from weightship.manifest import MAX_MANIFEST_BYTES, canonical_json
 from weightship.schemas import Role
 

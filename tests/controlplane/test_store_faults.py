@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from controlplane.persistence.store import RetryPolicy, S3Store, manifest_key
 from controlplane.settings import Settings
-from controlplane.store import RetryPolicy, S3Store, manifest_key
 from weightship.errors import StoreError, TemporaryError
 from weightship.manifest import build_manifest
 

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from controlplane.app import AppState
 from controlplane.auth import hash_secret
-from controlplane.db import TokenRow
+from controlplane.persistence.db import TokenRow
 from controlplane.tokens import BOOTSTRAP_NAME, bootstrap_admin
 from weightship.schemas import Role
 

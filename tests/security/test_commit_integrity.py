@@ -19,10 +19,10 @@ import pytest
 from sqlalchemy import select
 
 from controlplane.app import AppState
-from controlplane.db import BlobChunksRow, UploadSessionRow
+from controlplane.persistence.db import BlobChunksRow, UploadSessionRow
+from controlplane.persistence.store import S3Store
+from controlplane.persistence.store.origin import UPLOADS
 from controlplane.settings import Settings
-from controlplane.store import S3Store
-from controlplane.store.origin import UPLOADS
 from tests.controlplane.conftest import TEST_CHUNK
 from weightship.manifest import Manifest, build_manifest, canonical_json
 from weightship.schemas import UploadSession

@@ -19,7 +19,7 @@ Tables and what they promise:
   that geometry; never updated. A manifest naming a known blob at a known chunk size must state
   exactly this list.
 
-Schema changes go through Alembic migrations in ``controlplane/migrations``; the models here
+Schema changes go through Alembic migrations in ``controlplane/persistence/migrations``; the models here
 must match the newest migration (a test checks).
 """
 
@@ -98,7 +98,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            raise ValueError("naive datetime given to a UTCDateTime column; use controlplane.db.utcnow()")
+            raise ValueError("naive datetime given to a UTCDateTime column; use controlplane.persistence.db.utcnow()")
         return value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
