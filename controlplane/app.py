@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.limits import BodyLimit
+from controlplane.http.limits import BodyLimit
 from controlplane.persistence.db import QueryCounter, make_engine, make_sessionmaker
 from controlplane.registry import database_errors
 from controlplane.settings import Settings
@@ -76,7 +76,9 @@ async def _sweep_uploads_forever(state: AppState) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
-    from controlplane import deployments, fleet, metrics, publish, registry, tokens
+    from controlplane import metrics, tokens
+    from controlplane.http import deployments, fleet, publish, registry
+    from controlplane.http import tokens as token_routes
     from controlplane.persistence import migrate
     from controlplane.persistence.store import open_store
 
@@ -161,6 +163,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body = await run_in_threadpool(generate_latest, state.metrics)  # the fleet gauges query the database
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    for module in (publish, registry, deployments, fleet, tokens):
+    for module in (publish, registry, deployments, fleet, token_routes):
         app.include_router(module.router)
     return app

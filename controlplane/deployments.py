@@ -30,15 +30,12 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from sqlalchemy import exc, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from controlplane.auth import ANY_ROLE, Principal, require
 from controlplane.metrics import metrics_of
 from controlplane.notify import DEPLOYMENTS, changes_of
 from controlplane.persistence.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
@@ -51,12 +48,10 @@ from weightship.errors import (
     ValidationError,
 )
 from weightship.schemas import (
-    INT64_MAX,
     Deployment,
     DeploymentCreate,
     PointerEvent,
     PointerUpdate,
-    Role,
     RollbackRequest,
 )
 
@@ -65,16 +60,19 @@ __all__ = [
     "Pointer",
     "change_pointer",
     "etag",
+    "event_schema",
+    "load_deployment",
+    "move_pointer",
+    "new_deployment",
     "notify_pointer_changed",
     "parse_if_match",
     "resolve_ready",
-    "router",
+    "roll_back",
     "to_schema",
 ]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 
 #: ``AppState.extras`` key of a counter of the pointer changes this process announced
 GENERATION_KEY = "pointer_generation"
@@ -132,7 +130,7 @@ def to_schema(row: DeploymentRow) -> Deployment:
     )
 
 
-def _event_schema(row: PointerEventRow) -> PointerEvent:
+def event_schema(row: PointerEventRow) -> PointerEvent:
     return PointerEvent(
         epoch=row.epoch,
         action=row.action,
@@ -147,7 +145,7 @@ def _event_schema(row: PointerEventRow) -> PointerEvent:
     )
 
 
-def _load(session: Session, name: str) -> DeploymentRow:
+def load_deployment(session: Session, name: str) -> DeploymentRow:
     row = session.get(DeploymentRow, name)
     if row is None:
         raise NotFoundError(f"deployment {name!r} does not exist; create it with POST /v1/deployments")
@@ -288,13 +286,13 @@ def _action(before: Pointer, after: Pointer) -> str:
     return "set"
 
 
-def _set_pointer(state: Any, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
+def move_pointer(state: Any, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
     if body.canary is None and body.canary_share > 0:
         raise ValidationError(
             f"canary_share is {body.canary_share} but no canary is named; name one or set the share to 0"
         )
     with state.sessions() as session:
-        row = _load(session, name)
+        row = load_deployment(session, name)
         if row.epoch != expected:
             raise _stale(state, name, expected, row.epoch)
         stable = resolve_ready(session, row.model, body.stable)
@@ -324,9 +322,9 @@ def _set_pointer(state: Any, name: str, expected: int, body: PointerUpdate, acto
     )
 
 
-def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest, actor: str) -> Deployment:
+def roll_back(state: Any, name: str, expected: int | None, body: RollbackRequest, actor: str) -> Deployment:
     with state.sessions() as session:
-        row = _load(session, name)
+        row = load_deployment(session, name)
         if expected is not None and row.epoch != expected:
             raise _stale(state, name, expected, row.epoch)
         if body.to is not None:
@@ -350,7 +348,7 @@ def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest
     )
 
 
-def _create(state: Any, body: DeploymentCreate) -> Deployment:
+def new_deployment(state: Any, body: DeploymentCreate) -> Deployment:
     row = DeploymentRow(
         name=body.name,
         model=body.model,
@@ -375,91 +373,3 @@ def _create(state: Any, body: DeploymentCreate) -> Deployment:
     return to_schema(row)
 
 
-IfMatch = Annotated[str | None, Header(alias="If-Match")]
-
-
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Deployment)
-async def create_deployment(
-    body: DeploymentCreate,
-    request: Request,
-    response: Response,
-    _principal: Principal = Depends(require(Role.operator)),
-) -> Deployment:
-    """Create a deployment of a model; its pointer is empty (epoch 0) until set."""
-    state = request.app.state.ws
-    deployment = await run_in_threadpool(_create, state, body)
-    await notify_pointer_changed(state)
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.get("", response_model=list[Deployment])
-def list_deployments(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[Deployment]:
-    """Every deployment, by name."""
-    with request.app.state.ws.sessions() as session:
-        return [to_schema(row) for row in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
-
-
-@router.get("/{name}", response_model=Deployment)
-def get_deployment(
-    name: str, request: Request, response: Response, _principal: Principal = Depends(require(*ANY_ROLE))
-) -> Deployment:
-    """One deployment; ``ETag`` carries its epoch for the next ``If-Match``."""
-    with request.app.state.ws.sessions() as session:
-        deployment = to_schema(_load(session, name))
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.put("/{name}/pointer", response_model=Deployment)
-async def set_pointer(
-    name: str,
-    body: PointerUpdate,
-    request: Request,
-    response: Response,
-    if_match: IfMatch = None,
-    principal: Principal = Depends(require(Role.operator)),
-) -> Deployment:
-    """Compare-and-swap the pointer: 428 without ``If-Match``, 412 when it is stale."""
-    state = request.app.state.ws
-    expected = parse_if_match(if_match, name)
-    deployment = await run_in_threadpool(_set_pointer, state, name, expected, body, principal.name)
-    await notify_pointer_changed(state)
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.post("/{name}/rollback", response_model=Deployment)
-async def rollback(
-    name: str,
-    request: Request,
-    response: Response,
-    body: RollbackRequest | None = None,
-    if_match: IfMatch = None,
-    principal: Principal = Depends(require(Role.operator)),
-) -> Deployment:
-    """Make the previous stable version (or ``to``) stable again, at a new epoch; drops any canary."""
-    state = request.app.state.ws
-    expected = parse_if_match(if_match, name) if if_match is not None else None
-    deployment = await run_in_threadpool(_rollback, state, name, expected, body or RollbackRequest(), principal.name)
-    await notify_pointer_changed(state)
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.get("/{name}/history", response_model=list[PointerEvent])
-def history(
-    name: str,
-    request: Request,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_epoch: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
-    _principal: Principal = Depends(require(*ANY_ROLE)),
-) -> list[PointerEvent]:
-    """Pointer changes, newest first; page with ``before_epoch``."""
-    with request.app.state.ws.sessions() as session:
-        _load(session, name)
-        query = select(PointerEventRow).where(PointerEventRow.deployment == name)
-        if before_epoch is not None:
-            query = query.where(PointerEventRow.epoch < before_epoch)
-        rows = session.scalars(query.order_by(PointerEventRow.epoch.desc()).limit(limit)).all()
-        return [_event_schema(row) for row in rows]

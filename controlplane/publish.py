@@ -57,12 +57,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
-from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy import select, update
-from starlette.concurrency import run_in_threadpool
 
-from controlplane.auth import Principal, require
+from controlplane.auth import Principal
 from controlplane.persistence.db import ModelRow, UploadSessionRow, VersionRow, utcnow
 from controlplane.persistence.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
 from controlplane.persistence.store.parts import plan_parts, stat_matches, verify_stored
@@ -83,27 +80,32 @@ from weightship.errors import (
     ManifestError,
     NotFoundError,
     StoreError,
-    ValidationError,
     WeightshipError,
 )
 from weightship.manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, canonical_json, parse_manifest
-from weightship.schemas import BlobUpload, PartUpload, Role, UploadCreate, UploadSession, VersionInfo
+from weightship.schemas import BlobUpload, PartUpload, UploadCreate, UploadSession, VersionInfo
 
-__all__ = ["MAX_REQUEST_BYTES", "clock_of", "commit_session", "open_session", "router", "sweep_expired_uploads"]
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "abandon_session",
+    "clock_of",
+    "commit_session",
+    "open_session",
+    "part_to_upload",
+    "read_session",
+    "sweep_expired_uploads",
+]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/uploads", tags=["publish"])
 
 #: A manifest inside a JSON string may grow by escaping; anything beyond this is refused unread.
 MAX_REQUEST_BYTES = 2 * MAX_MANIFEST_BYTES + 64 * 1024
-_WRITE_BUFFER = 1024 * 1024
 _SWEEP_BATCH = 50
 _POOL = 8
 _CACHE_SIZE = 8
 _CACHE: OrderedDict[str, Manifest] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_PUBLISHER = require(Role.publisher)
 _T = TypeVar("_T")
 _EMPTY_SHA256 = sha256_hex(b"")
 #: sessions in these states still hold store uploads (and expire)
@@ -569,47 +571,23 @@ def _record(
 # --- routes -------------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    too_big = f"request body exceeds {limit} bytes: a manifest may be at most {MAX_MANIFEST_BYTES} bytes"
-    if declared.isdigit() and int(declared) > limit:
-        raise ManifestError(too_big)
-    body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise ManifestError(too_big)
-    return bytes(body)
+def part_to_upload(state: Any, upload_id: str, sha256: str, number: int) -> tuple[str, PartSpec]:
+    row = _load_open(state, upload_id, clock_of(state)())
+    manifest = _manifest(row.manifest, row.digest)
+    entry = next((e for e in manifest.files if e.sha256 == sha256), None)
+    if entry is None:
+        raise NotFoundError(f"blob {sha256} is not part of the manifest of upload session {upload_id}")
+    upload = row.uploads.get(sha256)
+    if upload is None:
+        raise ConflictError(f"blob {sha256} is already in the store; it needs no upload")
+    parts = plan_parts(entry, manifest.chunk_size)
+    if not 1 <= number <= len(parts):
+        raise NotFoundError(f"blob {sha256} has parts 1 to {len(parts)}, not {number}")
+    return upload, parts[number - 1]
 
 
-@router.post(
-    "",
-    response_model=UploadSession,
-    status_code=201,
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": UploadCreate.model_json_schema()}}}
-    },
-)
-async def create_upload(
-    request: Request, response: Response, principal: Principal = Depends(_PUBLISHER)
-) -> UploadSession:
-    """Open a publish session (201), or resume the open one for the same manifest (200)."""
-    body = await _read_body(request, MAX_REQUEST_BYTES)
-    try:
-        create = UploadCreate.model_validate_json(body)
-    except PydanticValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise ValidationError(f"{where}: {first.get('msg', 'invalid')}") from None
-    session, created = await run_in_threadpool(open_session, request.app.state.ws, principal, create)
-    response.status_code = 201 if created else 200
-    return session
-
-
-@router.get("/{upload_id}", response_model=UploadSession)
-def get_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> UploadSession:
+def read_session(state: Any, upload_id: str) -> UploadSession:
     """A session with fresh part URLs and ``done`` flags; ``state`` is ``verifying`` while a commit checks its blobs."""
-    state = request.app.state.ws
     now = clock_of(state)()
     row = _load(state, upload_id)
     manifest = _manifest(row.manifest, row.digest)
@@ -627,65 +605,10 @@ def get_upload(upload_id: str, request: Request, _principal: Principal = Depends
     return _view(state, row, manifest, done, now)
 
 
-def _part(state: Any, upload_id: str, sha256: str, number: int) -> tuple[str, PartSpec]:
-    row = _load_open(state, upload_id, clock_of(state)())
-    manifest = _manifest(row.manifest, row.digest)
-    entry = next((e for e in manifest.files if e.sha256 == sha256), None)
-    if entry is None:
-        raise NotFoundError(f"blob {sha256} is not part of the manifest of upload session {upload_id}")
-    upload = row.uploads.get(sha256)
-    if upload is None:
-        raise ConflictError(f"blob {sha256} is already in the store; it needs no upload")
-    parts = plan_parts(entry, manifest.chunk_size)
-    if not 1 <= number <= len(parts):
-        raise NotFoundError(f"blob {sha256} has parts 1 to {len(parts)}, not {number}")
-    return upload, parts[number - 1]
-
-
-@router.put("/{upload_id}/blobs/{sha256}/parts/{number}", status_code=204, response_class=Response)
-async def put_part(
-    upload_id: str, sha256: str, number: int, request: Request, _principal: Principal = Depends(_PUBLISHER)
-) -> Response:
-    """Stream one part to the local store's staging; kept only if its length and SHA-256 match."""
-    state = request.app.state.ws
-    store: OriginStore = state.store
-    store_upload, spec = await run_in_threadpool(_part, state, upload_id, sha256, number)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) != spec.length:
-        raise IntegrityError(
-            f"part {number} of blob {sha256} must be {spec.length} bytes, the request declares {declared} "
-            "(truncated or oversized upload); send exactly the chunk's bytes"
-        )
-    writer = await run_in_threadpool(store.open_part, sha256, store_upload, spec)
-    try:
-        buffer = bytearray()
-        async for piece in request.stream():
-            buffer += piece
-            if len(buffer) >= _WRITE_BUFFER:
-                await run_in_threadpool(writer.write, bytes(buffer))
-                buffer.clear()
-        if buffer:
-            await run_in_threadpool(writer.write, bytes(buffer))
-        await run_in_threadpool(writer.finish)
-    except BaseException:
-        writer.discard()
-        raise
-    return Response(status_code=204)
-
-
-@router.post("/{upload_id}/commit", response_model=VersionInfo)
-def commit_upload(upload_id: str, request: Request, principal: Principal = Depends(_PUBLISHER)) -> VersionInfo:
-    """Verify every blob and make the version ready (see the module docstring)."""
-    return commit_session(request.app.state.ws, principal, upload_id)
-
-
-@router.delete("/{upload_id}", status_code=204, response_class=Response)
-def delete_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> Response:
-    """Abandon a session: its store uploads are aborted and its parts discarded."""
-    state = request.app.state.ws
+def abandon_session(state: Any, upload_id: str) -> None:
+    """Abandon a session: its store uploads are aborted and its parts discarded; a committed one is a 409."""
     row = _load(state, upload_id)
     if row.state == "committed":
         raise ConflictError(f"upload session {upload_id} is committed; a committed version is never deleted")
     if row.state == "open":
         _abort(state, row, "deleted")
-    return Response(status_code=204)
