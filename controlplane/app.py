@@ -17,41 +17,26 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import exc, text
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from controlplane.http import state_of
 from controlplane.http.limits import BodyLimit
-from controlplane.persistence.db import QueryCounter, make_engine, make_sessionmaker
-from controlplane.registry import database_errors
+from controlplane.persistence.db import QueryCounter, database_errors, make_engine
 from controlplane.settings import Settings
+from controlplane.state import AppState
 from controlplane.watcher import watching
 from weightship.errors import TemporaryError, WeightshipError
 from weightship.schemas import ErrorBody, ErrorDetail
 
-__all__ = ["AppState", "create_app"]
+__all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class AppState:
-    """What every route reaches through ``request.app.state.ws``."""
-
-    settings: Settings
-    engine: Engine
-    sessions: sessionmaker[Any]
-    store: Any
-    metrics: CollectorRegistry
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -76,7 +61,7 @@ async def _sweep_uploads_forever(state: AppState) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
-    from controlplane import metrics, tokens
+    from controlplane import tokens
     from controlplane.http import deployments, fleet, publish, registry
     from controlplane.http import tokens as token_routes
     from controlplane.persistence import migrate
@@ -94,17 +79,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             statement_timeout=settings.database_statement_timeout_seconds,
         )
         migrate.upgrade(engine)
-        state = AppState(
-            settings=settings,
-            engine=engine,
-            sessions=make_sessionmaker(engine),
-            store=open_store(settings),
-            metrics=CollectorRegistry(),
-        )
+        state = AppState.open(settings, engine, open_store(settings))
         app.state.ws = state
         tokens.bootstrap_admin(state)
-        metrics.metrics_of(state)  # so /metrics shows every series from the first scrape
-        state.metrics.register(QueryCounter(engine))
+        state.metrics_registry.register(QueryCounter(engine))
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))
         try:
             async with watching(state):
@@ -152,15 +130,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/readyz", include_in_schema=False)
     def readyz(request: Request) -> PlainTextResponse:
         """Ready when the database answers, within its bounded waits, and is the file opened at start."""
-        state: AppState = request.app.state.ws
+        state = state_of(request)
         with database_errors("checking readiness"), state.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         return PlainTextResponse("ready")
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:
-        state: AppState = request.app.state.ws
-        body = await run_in_threadpool(generate_latest, state.metrics)  # the fleet gauges query the database
+        state = state_of(request)
+        body = await run_in_threadpool(generate_latest, state.metrics_registry)  # the fleet gauges query the database
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     for module in (publish, registry, deployments, fleet, token_routes):

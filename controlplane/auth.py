@@ -23,10 +23,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.persistence.db import NodeRow, TokenRow
 from weightship.errors import AuthError, ForbiddenError
@@ -97,8 +96,9 @@ def refuse_role(principal: Principal, allowed: frozenset[Role]) -> ForbiddenErro
     )
 
 
-def authenticate_in(state: Any, header: str | None) -> Principal:
-    with state.sessions() as session:
+def authenticate_in(sessions: sessionmaker[Session], header: str | None) -> Principal:
+    """``authenticate`` in a session of its own."""
+    with sessions() as session:
         return authenticate(session, header)
 
 

@@ -36,10 +36,10 @@ from sqlalchemy import exc, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
-from controlplane.metrics import metrics_of
-from controlplane.notify import DEPLOYMENTS, changes_of
-from controlplane.persistence.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
-from controlplane.registry import database_errors, resolve_version
+from controlplane.notify import DEPLOYMENTS
+from controlplane.persistence.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, database_errors, utcnow
+from controlplane.registry import resolve_version
+from controlplane.state import AppState
 from weightship.errors import (
     ConflictError,
     NotFoundError,
@@ -56,7 +56,6 @@ from weightship.schemas import (
 )
 
 __all__ = [
-    "GENERATION_KEY",
     "Pointer",
     "change_pointer",
     "etag",
@@ -74,8 +73,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-#: ``AppState.extras`` key of a counter of the pointer changes this process announced
-GENERATION_KEY = "pointer_generation"
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ETAG = re.compile(r'^(?:W/)?(?:"(\d{1,18})"|(\d{1,18}))$')
@@ -174,13 +171,13 @@ def _current_epoch(session: Session, name: str) -> int | None:
     return session.scalar(select(DeploymentRow.epoch).where(DeploymentRow.name == name))
 
 
-def _stale(state: Any, name: str, expected: int, current: int | None) -> PreconditionFailed:
+def _stale(state: AppState, name: str, expected: int, current: int | None) -> PreconditionFailed:
     """The 412 of a lost compare-and-swap; ``current`` is read by the caller in the session it holds.
 
     Never opens a session of its own: callers hold one, and a second per request is how a burst
     of stale writers used to exhaust the pool and stall the whole API.
     """
-    metrics_of(state).pointer_conflicts.labels(deployment=name).inc()
+    state.metrics.pointer_conflicts.labels(deployment=name).inc()
     log.info("pointer_cas_lost deployment=%s expected_epoch=%d current_epoch=%s", name, expected, current)
     return PreconditionFailed(
         f"deployment {name!r} is at epoch {current} (ETag {etag(current or 0)}), not {expected}: someone changed it; "
@@ -189,7 +186,7 @@ def _stale(state: Any, name: str, expected: int, current: int | None) -> Precond
 
 
 def change_pointer(
-    state: Any,
+    state: AppState,
     name: str,
     expected: int,
     before: Pointer,
@@ -253,7 +250,7 @@ def change_pointer(
         raise _stale(state, name, expected, current) from err
     if not won:
         raise _stale(state, name, expected, current)
-    metrics_of(state).pointer_changes.labels(deployment=name, action=action).inc()
+    state.metrics.pointer_changes.labels(deployment=name, action=action).inc()
     log.info(
         "pointer_changed deployment=%s epoch=%d action=%s actor=%s stable=%s canary=%s share=%s",
         name, expected + 1, action, actor, after.stable, after.canary, after.canary_share,
@@ -270,10 +267,10 @@ def change_pointer(
     )
 
 
-async def notify_pointer_changed(state: Any) -> None:
+async def notify_pointer_changed(state: AppState) -> None:
     """Announce a committed pointer change to every process, whose long-polls it moved then answer."""
-    state.extras[GENERATION_KEY] = state.extras.get(GENERATION_KEY, 0) + 1
-    await changes_of(state).announce(DEPLOYMENTS)
+    state.pointer_generation += 1
+    await state.changes.announce(DEPLOYMENTS)
 
 
 def _action(before: Pointer, after: Pointer) -> str:
@@ -286,7 +283,7 @@ def _action(before: Pointer, after: Pointer) -> str:
     return "set"
 
 
-def move_pointer(state: Any, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
+def move_pointer(state: AppState, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
     if body.canary is None and body.canary_share > 0:
         raise ValidationError(
             f"canary_share is {body.canary_share} but no canary is named; name one or set the share to 0"
@@ -322,7 +319,7 @@ def move_pointer(state: Any, name: str, expected: int, body: PointerUpdate, acto
     )
 
 
-def roll_back(state: Any, name: str, expected: int | None, body: RollbackRequest, actor: str) -> Deployment:
+def roll_back(state: AppState, name: str, expected: int | None, body: RollbackRequest, actor: str) -> Deployment:
     with state.sessions() as session:
         row = load_deployment(session, name)
         if expected is not None and row.epoch != expected:
@@ -348,7 +345,7 @@ def roll_back(state: Any, name: str, expected: int | None, body: RollbackRequest
     )
 
 
-def new_deployment(state: Any, body: DeploymentCreate) -> Deployment:
+def new_deployment(state: AppState, body: DeploymentCreate) -> Deployment:
     row = DeploymentRow(
         name=body.name,
         model=body.model,

@@ -55,6 +55,7 @@ from sqlalchemy.orm import Session
 from controlplane.deployments import to_schema
 from controlplane.persistence.db import DeploymentRow, NodeRow, VersionRow, utcnow
 from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, unknown_node
+from controlplane.state import AppState
 from controlplane.tokens import active_node_token, mint_node_token
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, NotFoundError, ValidationError
@@ -93,9 +94,6 @@ log = logging.getLogger(__name__)
 _NODE_ROLES = ("node", "cache")
 #: a report equal to the one this process last wrote for a node is still rewritten this often
 REPORT_REWRITE_SECONDS = 60.0
-_REPORTS_KEY = "reports_written"
-_ANSWERS_KEY = "desired_answers"
-_CORRUPT_KEY = "corrupt_origins_logged"
 #: long-polls of at least this many seconds end up to this share early, at random
 _MAX_ANSWERS = 10_000
 
@@ -174,7 +172,7 @@ def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
 # --- node routes ---------------------------------------------------------------------------------
 
 
-def register_node(state: Any, body: NodeRegistration, enrol_by: str | None = None) -> NodeInfo | NodeEnrolment:
+def register_node(state: AppState, body: NodeRegistration, enrol_by: str | None = None) -> NodeInfo | NodeEnrolment:
     """Create or update the node called ``body.name``; with ``enrol_by``, also mint its node token."""
     proposed = body.token if isinstance(body, NodeEnrolRequest) else None
     if body.role not in _NODE_ROLES:
@@ -236,10 +234,10 @@ def _corrupt_origins(report: NodeHeartbeat) -> set[tuple[str, str | None, int | 
     }
 
 
-def _log_corrupt_origins(state: Any, node: str, body: NodeHeartbeat) -> None:
+def _log_corrupt_origins(state: AppState, node: str, body: NodeHeartbeat) -> None:
     # The origin's copy of a blob is bad: say so once per node and chunk (per process), not every heartbeat.
     found = _corrupt_origins(body)
-    seen: dict[str, set[tuple[str, str | None, int | None]]] = state.extras.setdefault(_CORRUPT_KEY, {})
+    seen = state.fleet.corrupt_origins_logged
     for digest, blob, chunk in sorted(found - seen.get(node, set()), key=str):
         log.error("origin_blob_corrupt node=%s version=%s blob=%s chunk_index=%s", node, digest, blob, chunk)
     if found:
@@ -253,13 +251,13 @@ _TOUCH = update(NodeRow).where(NodeRow.id == bindparam("node_id")).values(last_s
 _REWRITE = _TOUCH.values(report=bindparam("report"))
 
 
-def record_heartbeat(state: Any, node_id: str, node: str, body: NodeHeartbeat) -> None:
+def record_heartbeat(state: AppState, node_id: str, node: str, body: NodeHeartbeat) -> None:
     # One UPDATE, no read. Most heartbeats repeat the last report; this process remembers the hash
     # of the report it last wrote per node and then only touches ``last_seen``. The report is
     # still rewritten every REPORT_REWRITE_SECONDS, bounding how long a report written meanwhile
     # through another replica could hide an equal one sent here.
     digest = sha256_hex(body.model_dump_json().encode())
-    written: dict[str, tuple[str, float]] = state.extras.setdefault(_REPORTS_KEY, {})
+    written = state.fleet.reports_written
     last = written.get(node_id)
     now = time.monotonic()
     rewrite = last is None or last[0] != digest or now - last[1] > REPORT_REWRITE_SECONDS
@@ -277,7 +275,7 @@ def record_heartbeat(state: Any, node_id: str, node: str, body: NodeHeartbeat) -
     _log_corrupt_origins(state, node, body)
 
 
-def node_infos(state: Any, deployment: str | None) -> list[NodeInfo]:
+def node_infos(state: AppState, deployment: str | None) -> list[NodeInfo]:
     now = utcnow()
     with state.sessions() as session:
         rows = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
@@ -288,7 +286,7 @@ def node_infos(state: Any, deployment: str | None) -> list[NodeInfo]:
         ]
 
 
-def desired_answer(state: Any, node: str, rows: list[DeploymentRow]) -> tuple[str, bytes]:
+def desired_answer(state: AppState, node: str, rows: list[DeploymentRow]) -> tuple[str, bytes]:
     """The revision and the JSON of the deployments that ``rows`` ask of ``node``.
 
     Computed once per distinct answer and shared: after a pointer change thousands of woken polls
@@ -300,7 +298,7 @@ def desired_answer(state: Any, node: str, rows: list[DeploymentRow]) -> tuple[st
          r.canary is not None and in_canary(r.name, node, r.canary_share))
         for r in ordered
     )  # fmt: skip
-    answers: dict[tuple[Any, ...], tuple[str, bytes]] = state.extras.setdefault(_ANSWERS_KEY, {})
+    answers = state.fleet.desired_answers
     found = answers.get(key)
     if found is None:
         wanted = desired_state("", node, ordered)
@@ -346,7 +344,7 @@ class _Tally:
         )
 
 
-def status_of(state: Any, name: str) -> DeploymentStatus:
+def status_of(state: AppState, name: str) -> DeploymentStatus:
     now = utcnow()
     stale_seconds = state.settings.node_stale_seconds
     with state.sessions() as session:

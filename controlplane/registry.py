@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
-from typing import Any
 
 from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
-from controlplane.persistence.db import BlobChunksRow, LabelRow, ModelRow, VersionRow
+from controlplane.persistence.db import BlobChunksRow, LabelRow, ModelRow, VersionRow, database_errors
 from controlplane.persistence.store import OriginStore, label_key
+from controlplane.state import AppState
 from weightship.digests import parse_digest
-from weightship.errors import ConflictError, DatabaseUnavailable, NotFoundError
+from weightship.errors import ConflictError, NotFoundError
 from weightship.manifest import (
     PICKLE_SUFFIXES,
     FileEntry,
@@ -41,7 +40,6 @@ __all__ = [
     "as_utc",
     "check_labels_free",
     "claim_label_objects",
-    "database_errors",
     "info_with_labels",
     "known_chunk_lists",
     "pickle_files",
@@ -55,21 +53,6 @@ log = logging.getLogger(__name__)
 
 
 _LABEL_OBJECT_MAX = 64 * 1024
-
-
-@contextmanager
-def database_errors(what: str) -> Iterator[None]:
-    """Map SQLAlchemy's connection-level failures of ``what`` (locked, timed out, unreachable) to 503."""
-    try:
-        yield
-    except (exc.OperationalError, exc.InterfaceError) as err:
-        raise DatabaseUnavailable(
-            f"{what}: the database is unavailable or busy ({type(err.orig).__name__}: {err.orig}); retry shortly"
-        ) from None
-    except exc.TimeoutError:
-        raise DatabaseUnavailable(
-            f"{what}: every database connection is in use (pool timeout); the control plane is overloaded, retry shortly"
-        ) from None
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -149,7 +132,7 @@ def pickle_files(manifest: Manifest) -> list[str]:
 
 
 def record_version(
-    state: Any, manifest: Manifest, labels: Sequence[str], actor: str, now: datetime, allow_pickle: bool
+    state: AppState, manifest: Manifest, labels: Sequence[str], actor: str, now: datetime, allow_pickle: bool
 ) -> VersionInfo:
     """Insert (or find) the ready version row and its label rows, in one transaction.
 
@@ -199,7 +182,7 @@ def record_version(
     raise ConflictError(f"version {manifest.digest} is being recorded by a concurrent publish; commit again")
 
 
-def known_chunk_lists(state: Any, blobs: Sequence[str], chunk_size: int) -> dict[str, list[str]]:
+def known_chunk_lists(state: AppState, blobs: Sequence[str], chunk_size: int) -> dict[str, list[str]]:
     """``{blob sha256: verified chunk digests}`` of those of ``blobs`` verified at ``chunk_size``."""
     if not blobs:
         return {}
@@ -210,7 +193,7 @@ def known_chunk_lists(state: Any, blobs: Sequence[str], chunk_size: int) -> dict
     return {row.sha256: list(row.chunks) for row in rows}
 
 
-def record_chunk_lists(state: Any, entries: Sequence[FileEntry], chunk_size: int, now: datetime) -> None:
+def record_chunk_lists(state: AppState, entries: Sequence[FileEntry], chunk_size: int, now: datetime) -> None:
     """Record the chunk lists of ``entries``, whose every byte was just verified at ``chunk_size``.
 
     A list already recorded stays: it was verified from the same bytes, so it is the same list.

@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any
 
 from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
 from controlplane.auth import hash_secret, new_secret
+from controlplane.notify import token_topic
 from controlplane.persistence.db import NodeRow, TokenRow, utcnow
+from controlplane.state import AppState
 from weightship.errors import ConflictError
 from weightship.schemas import Role, TokenInfo
 
 __all__ = [
     "BOOTSTRAP_NAME",
     "active_node_token",
+    "announce_revoked",
     "bootstrap_admin",
     "mint_node_token",
     "new_token_row",
@@ -49,7 +51,7 @@ def _new_id() -> str:
     return secrets.token_hex(8)
 
 
-def bootstrap_admin(state: Any) -> None:
+def bootstrap_admin(state: AppState) -> None:
     """Store the hash of ``settings.admin_token`` as an admin token, once; nothing when it is empty."""
     secret: str = state.settings.admin_token
     if not secret:
@@ -130,3 +132,10 @@ def token_info(row: TokenRow) -> TokenInfo:
     )
 
 
+def announce_revoked(state: AppState, token_id: str) -> None:
+    """After token ``token_id``'s revocation is committed: forget it here at once, and in every other process.
+
+    Blocking (it may notify PostgreSQL): call from a worker thread.
+    """
+    state.tokens.revoke(token_id)
+    state.changes.announce_from_thread(token_topic(token_id))

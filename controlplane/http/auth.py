@@ -13,7 +13,7 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import Principal, authenticate_in, ensure_acts_for, refuse_role
-from controlplane.authcache import token_cache_of
+from controlplane.http import state_of
 from weightship.errors import ForbiddenError
 from weightship.schemas import Role
 
@@ -21,12 +21,12 @@ __all__ = ["require", "require_enrolment", "require_node"]
 
 async def _principal(request: Request) -> Principal:
     """The caller, from the token cache or (on a miss) the database, off the event loop."""
-    state = request.app.state.ws
+    state = state_of(request)
     header = request.headers.get("authorization")
-    cache = token_cache_of(state)
+    cache = state.tokens
     principal: Principal | None = cache.get(header) if header else None
     if principal is None:
-        principal = await run_in_threadpool(authenticate_in, state, header)
+        principal = await run_in_threadpool(authenticate_in, state.sessions, header)
         cache.put(header or "", principal, principal.token_id)
     return principal
 

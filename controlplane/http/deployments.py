@@ -20,6 +20,7 @@ from controlplane.deployments import (
     roll_back,
     to_schema,
 )
+from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.persistence.db import DeploymentRow, PointerEventRow
 from weightship.schemas import (
@@ -48,7 +49,7 @@ async def create_deployment(
     _principal: Principal = Depends(require(Role.operator)),
 ) -> Deployment:
     """Create a deployment of a model; its pointer is empty (epoch 0) until set."""
-    state = request.app.state.ws
+    state = state_of(request)
     deployment = await run_in_threadpool(new_deployment, state, body)
     await notify_pointer_changed(state)
     response.headers["ETag"] = etag(deployment.epoch)
@@ -58,7 +59,7 @@ async def create_deployment(
 @router.get("", response_model=list[Deployment])
 def list_deployments(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[Deployment]:
     """Every deployment, by name."""
-    with request.app.state.ws.sessions() as session:
+    with state_of(request).sessions() as session:
         return [to_schema(row) for row in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
 
 
@@ -67,7 +68,7 @@ def get_deployment(
     name: str, request: Request, response: Response, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> Deployment:
     """One deployment; ``ETag`` carries its epoch for the next ``If-Match``."""
-    with request.app.state.ws.sessions() as session:
+    with state_of(request).sessions() as session:
         deployment = to_schema(load_deployment(session, name))
     response.headers["ETag"] = etag(deployment.epoch)
     return deployment
@@ -83,7 +84,7 @@ async def set_pointer(
     principal: Principal = Depends(require(Role.operator)),
 ) -> Deployment:
     """Compare-and-swap the pointer: 428 without ``If-Match``, 412 when it is stale."""
-    state = request.app.state.ws
+    state = state_of(request)
     expected = parse_if_match(if_match, name)
     deployment = await run_in_threadpool(move_pointer, state, name, expected, body, principal.name)
     await notify_pointer_changed(state)
@@ -101,7 +102,7 @@ async def rollback(
     principal: Principal = Depends(require(Role.operator)),
 ) -> Deployment:
     """Make the previous stable version (or ``to``) stable again, at a new epoch; drops any canary."""
-    state = request.app.state.ws
+    state = state_of(request)
     expected = parse_if_match(if_match, name) if if_match is not None else None
     deployment = await run_in_threadpool(roll_back, state, name, expected, body or RollbackRequest(), principal.name)
     await notify_pointer_changed(state)
@@ -118,7 +119,7 @@ def history(
     _principal: Principal = Depends(require(*ANY_ROLE)),
 ) -> list[PointerEvent]:
     """Pointer changes, newest first; page with ``before_epoch``."""
-    with request.app.state.ws.sessions() as session:
+    with state_of(request).sessions() as session:
         load_deployment(session, name)
         query = select(PointerEventRow).where(PointerEventRow.deployment == name)
         if before_epoch is not None:

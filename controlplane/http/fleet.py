@@ -12,9 +12,8 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for
 from controlplane.fleet import desired_answer, node_infos, record_heartbeat, register_node, status_of
+from controlplane.http import state_of
 from controlplane.http.auth import require, require_enrolment, require_node
-from controlplane.metrics import metrics_of
-from controlplane.snapshot import snapshots_of
 from weightship.schemas import (
     DeploymentStatus,
     DesiredState,
@@ -47,10 +46,10 @@ async def enrol(
     body: NodeEnrolRequest, request: Request, principal: Principal = Depends(require_enrolment())
 ) -> NodeEnrolment:
     """Enrol a node with an enrolment token: register it and return its node token, once (409 if enrolled)."""
-    state = request.app.state.ws
+    state = state_of(request)
     enrolment = await run_in_threadpool(register_node, state, body, principal.name)
     assert isinstance(enrolment, NodeEnrolment)
-    metrics_of(state).node_registrations.inc()
+    state.metrics.node_registrations.inc()
     return enrolment
 
 
@@ -60,10 +59,10 @@ async def register(
 ) -> NodeInfo:
     """Re-register a node with its own node token (same id; labels and deployments replaced)."""
     ensure_acts_for(principal, name=body.name)
-    state = request.app.state.ws
+    state = state_of(request)
     info = await run_in_threadpool(register_node, state, body)
     assert isinstance(info, NodeInfo)
-    metrics_of(state).node_registrations.inc()
+    state.metrics.node_registrations.inc()
     return info
 
 
@@ -72,9 +71,9 @@ async def heartbeat(
     node_id: str, body: NodeHeartbeat, request: Request, principal: Principal = Depends(require_node())
 ) -> Response:
     """Store a node's report and mark it seen."""
-    state = request.app.state.ws
+    state = state_of(request)
     await run_in_threadpool(record_heartbeat, state, node_id, principal.node_name or node_id, body)
-    metrics_of(state).heartbeats.inc()
+    state.metrics.heartbeats.inc()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -87,7 +86,7 @@ async def desired(
     _principal: Principal = Depends(require_node()),
 ) -> Response:
     """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
-    state = request.app.state.ws
+    state = state_of(request)
     loop = asyncio.get_running_loop()
     waited = min(wait, state.settings.long_poll_max_seconds)
     if waited >= _JITTER_FROM_SECONDS:
@@ -95,13 +94,13 @@ async def desired(
         # back together too, every time: shortening each wait a little spreads them out.
         waited *= random.uniform(1 - _JITTER_SHARE, 1)  # spreading load, not secrecy
     deadline = loop.time() + waited
-    snapshots = snapshots_of(state)
+    snapshots = state.snapshots
     # A plain read (no ``after``: an agent that just started or re-registered, or a person) reads
     # the database, so it shows what is committed; long-polls use the snapshot and cost no query.
     fresh = after is None
     name, names = await snapshots.node(node_id, fresh=fresh)
     await snapshots.ensure(names, fresh=fresh)
-    gauge = metrics_of(state).long_polls_waiting
+    gauge = state.metrics.long_polls_waiting
     while True:
         # Watch before computing: nothing can change between the two (no await), so no wake is lost.
         changed = snapshots.watch(names)
@@ -131,7 +130,7 @@ async def list_nodes(
     _principal: Principal = Depends(require(*ANY_ROLE)),
 ) -> list[NodeInfo]:
     """Every registered node (optionally only those serving ``deployment``), with its stale flag."""
-    return await run_in_threadpool(node_infos, request.app.state.ws, deployment)
+    return await run_in_threadpool(node_infos, state_of(request), deployment)
 
 
 @status_router.get("/{name}/status", response_model=DeploymentStatus)
@@ -139,7 +138,7 @@ async def deployment_status(
     name: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> DeploymentStatus:
     """How each version of a deployment stands across the fleet's live nodes."""
-    return await run_in_threadpool(status_of, request.app.state.ws, name)
+    return await run_in_threadpool(status_of, state_of(request), name)
 
 
 router.include_router(nodes_router)

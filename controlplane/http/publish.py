@@ -7,6 +7,7 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import Principal
+from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.persistence.store import OriginStore
 from controlplane.publish import (
@@ -68,7 +69,7 @@ async def create_upload(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise ValidationError(f"{where}: {first.get('msg', 'invalid')}") from None
-    session, created = await run_in_threadpool(open_session, request.app.state.ws, principal, create)
+    session, created = await run_in_threadpool(open_session, state_of(request), principal, create)
     response.status_code = 201 if created else 200
     return session
 
@@ -76,7 +77,7 @@ async def create_upload(
 @router.get("/{upload_id}", response_model=UploadSession)
 def get_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> UploadSession:
     """A session with fresh part URLs and ``done`` flags; ``state`` is ``verifying`` while a commit checks its blobs."""
-    return read_session(request.app.state.ws, upload_id)
+    return read_session(state_of(request), upload_id)
 
 
 @router.put("/{upload_id}/blobs/{sha256}/parts/{number}", status_code=204, response_class=Response)
@@ -84,7 +85,7 @@ async def put_part(
     upload_id: str, sha256: str, number: int, request: Request, _principal: Principal = Depends(_PUBLISHER)
 ) -> Response:
     """Stream one part to the local store's staging; kept only if its length and SHA-256 match."""
-    state = request.app.state.ws
+    state = state_of(request)
     store: OriginStore = state.store
     store_upload, spec = await run_in_threadpool(part_to_upload, state, upload_id, sha256, number)
     declared = request.headers.get("content-length", "")
@@ -113,11 +114,11 @@ async def put_part(
 @router.post("/{upload_id}/commit", response_model=VersionInfo)
 def commit_upload(upload_id: str, request: Request, principal: Principal = Depends(_PUBLISHER)) -> VersionInfo:
     """Verify every blob and make the version ready (see the module docstring)."""
-    return commit_session(request.app.state.ws, principal, upload_id)
+    return commit_session(state_of(request), principal, upload_id)
 
 
 @router.delete("/{upload_id}", status_code=204, response_class=Response)
 def delete_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> Response:
     """Abandon a session: its store uploads are aborted and its parts discarded."""
-    abandon_session(request.app.state.ws, upload_id)
+    abandon_session(state_of(request), upload_id)
     return Response(status_code=204)

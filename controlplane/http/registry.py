@@ -24,14 +24,14 @@ from sqlalchemy import exc, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.auth import ANY_ROLE, Principal
+from controlplane.http import state_of
 from controlplane.http.auth import require
-from controlplane.persistence.db import LabelRow, ModelRow, VersionRow
+from controlplane.persistence.db import LabelRow, ModelRow, VersionRow, database_errors
 from controlplane.persistence.store import LocalStore, manifest_key
 from controlplane.persistence.store.signing import signed_blob_url, verify_blob_signature
 from controlplane.registry import (
     check_labels_free,
     claim_label_objects,
-    database_errors,
     info_with_labels,
     resolve_version,
     version_info,
@@ -57,7 +57,7 @@ _IMMUTABLE = "private, max-age=31536000, immutable"
 @router.get("/models", response_model=list[ModelInfo])
 def list_models(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[ModelInfo]:
     """Every model, with its number of versions."""
-    state = request.app.state.ws
+    state = state_of(request)
     counts = select(VersionRow.model, func.count().label("n")).group_by(VersionRow.model).subquery()
     with database_errors("listing models"), state.sessions() as session:
         rows = session.execute(
@@ -82,7 +82,7 @@ def list_versions(
     model: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> list[VersionInfo]:
     """The model's versions, newest first, each with its labels."""
-    state = request.app.state.ws
+    state = state_of(request)
     with database_errors(f"listing versions of {model}"), state.sessions() as session:
         _model(session, model)
         rows = session.scalars(
@@ -101,7 +101,7 @@ def get_version(
     model: str, ref: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> VersionInfo:
     """One version, by label or digest."""
-    state = request.app.state.ws
+    state = state_of(request)
     with database_errors(f"reading {model}@{ref}"), state.sessions() as session:
         _model(session, model)
         return version_info(session, resolve_version(session, model, ref))
@@ -116,7 +116,7 @@ def get_manifest(
     _principal: Principal = Depends(require(*ANY_ROLE)),
 ) -> Response:
     """The manifest bytes exactly as stored; ``ETag`` is the version digest."""
-    state = request.app.state.ws
+    state = state_of(request)
     with database_errors(f"reading {model}@{ref}"), state.sessions() as session:
         _model(session, model)
         digest = resolve_version(session, model, ref).digest
@@ -141,7 +141,7 @@ def add_label(
     principal: Principal = Depends(require(Role.publisher)),
 ) -> VersionInfo:
     """Label a ready version; the same label again on the same digest is a no-op, elsewhere a 409."""
-    state = request.app.state.ws
+    state = state_of(request)
     with database_errors(f"labelling {model}"), state.sessions() as session:
         _model(session, model)
         row = resolve_version(session, model, body.digest)
@@ -172,7 +172,7 @@ def blob_urls(
     body: BlobURLRequest, request: Request, _principal: Principal = Depends(require(Role.agent, Role.operator))
 ) -> BlobURLs:
     """Short-lived read URLs for blobs: presigned S3 GETs, or signed URLs served by this API."""
-    state = request.app.state.ws
+    state = state_of(request)
     ttl = int(state.settings.blob_url_ttl_seconds)
     now = time.time()
     expires = int(now) + ttl
@@ -192,7 +192,7 @@ def read_blob(
     sha256: str, request: Request, expires: int = Query(..., ge=0, le=INT64_MAX), sig: str = Query(..., max_length=128)
 ) -> FileResponse:
     """A blob of the local store, on a signed URL; HTTP range requests are served from the file."""
-    state = request.app.state.ws
+    state = state_of(request)
     store = state.store
     if not is_hex(sha256):
         raise NotFoundError(f"{sha256!r} is not a blob name (64 lowercase hex)")

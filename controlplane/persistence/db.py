@@ -31,7 +31,8 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,9 +56,10 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    exc,
 )
 from sqlalchemy.engine import Dialect, Engine, make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from weightship.errors import DatabaseUnavailable
 
@@ -74,6 +76,7 @@ __all__ = [
     "TokenRow",
     "UploadSessionRow",
     "VersionRow",
+    "database_errors",
     "make_engine",
     "make_sessionmaker",
     "query_count",
@@ -411,6 +414,21 @@ def _count_queries(engine: Engine) -> None:
             tally.value += 1
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     """Session factory; objects stay usable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def database_errors(what: str) -> Iterator[None]:
+    """Map SQLAlchemy's connection-level failures of ``what`` (locked, timed out, unreachable) to 503."""
+    try:
+        yield
+    except (exc.OperationalError, exc.InterfaceError) as err:
+        raise DatabaseUnavailable(
+            f"{what}: the database is unavailable or busy ({type(err.orig).__name__}: {err.orig}); retry shortly"
+        ) from None
+    except exc.TimeoutError:
+        raise DatabaseUnavailable(
+            f"{what}: every database connection is in use (pool timeout); the control plane is overloaded, retry shortly"
+        ) from None

@@ -31,10 +31,11 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from controlplane.app import AppState, create_app
+from controlplane.app import create_app
 from controlplane.auth import hash_secret, new_secret
 from controlplane.persistence.db import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
 from controlplane.settings import Settings
+from controlplane.state import AppState
 from weightship.manifest import Manifest, build_manifest
 from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo
 

@@ -9,9 +9,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from controlplane.app import AppState
-from controlplane.deployments import GENERATION_KEY, Pointer, change_pointer
+from controlplane.deployments import Pointer, change_pointer
 from controlplane.persistence.db import PointerEventRow
+from controlplane.state import AppState
 from weightship.errors import PreconditionFailed
 from weightship.schemas import Role
 
@@ -257,11 +257,11 @@ def test_audit_rows_are_written_with_the_pointer_in_one_transaction(
 def test_every_change_notifies_long_polls(
     cp_client: httpx.Client, operator: Headers, deployment: str, cp_state: AppState
 ) -> None:
-    before = cp_state.extras.get(GENERATION_KEY, 0)
+    before = cp_state.pointer_generation
     assert put_pointer(cp_client, operator, deployment, 0, stable="v1").status_code == 200
     assert put_pointer(cp_client, operator, deployment, 1, stable="v2").status_code == 200
     assert cp_client.post(f"/v1/deployments/{deployment}/rollback", headers=operator).status_code == 200
-    assert cp_state.extras.get(GENERATION_KEY, 0) == before + 3
+    assert cp_state.pointer_generation == before + 3
 
 
 # --- rollback -----------------------------------------------------------------------------------

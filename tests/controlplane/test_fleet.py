@@ -14,9 +14,9 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from controlplane.app import AppState
 from controlplane.fleet import RECHECK_SECONDS, canary_bucket, in_canary
 from controlplane.persistence.db import DeploymentRow, NodeRow, utcnow
+from controlplane.state import AppState
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(60)
@@ -333,7 +333,7 @@ class BackgroundPoll:
 
 def waiting_polls(state: AppState) -> float:
     """How many desired-state long-polls the server is holding right now."""
-    return state.metrics.get_sample_value("weightship_desired_long_polls") or 0.0
+    return state.metrics_registry.get_sample_value("weightship_desired_long_polls") or 0.0
 
 
 def test_long_poll_answers_within_a_second_of_a_pointer_change(

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import text, update
 
 from controlplane import snapshot
-from controlplane.app import AppState
 from controlplane.authcache import TokenCache
 from controlplane.notify import CHANNEL, DEPLOYMENTS, RESYNC, token_topic
 from controlplane.persistence.db import DeploymentRow, TokenRow, query_count
+from controlplane.state import AppState
 from tests.controlplane.test_fleet import (
     BackgroundPoll,
     Headers,

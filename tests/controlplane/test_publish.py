@@ -15,11 +15,11 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from controlplane.app import AppState
 from controlplane.persistence.db import UploadSessionRow
 from controlplane.persistence.store import LocalStore, S3Store
 from controlplane.publish import sweep_expired_uploads
 from controlplane.settings import Settings
+from controlplane.state import AppState
 from weightship.manifest import canonical_json
 from weightship.schemas import UploadSession, VersionInfo
 
@@ -172,7 +172,7 @@ def test_abandoned_sessions_expire_and_their_uploads_are_discarded(
 ) -> None:
     """Past expires_at, a sweep aborts the store uploads; the session can no longer be committed."""
     now = [datetime.now(UTC)]
-    cp_state.extras["clock"] = lambda: now[0]
+    cp_state.clock = lambda: now[0]
     root = make_model("m1", tensors_mb=0.3)
     manifest = publisher.manifest(root, "llama")
     session = publisher.session(manifest)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from controlplane.app import AppState
 from controlplane.persistence.db import ModelRow, UploadSessionRow
+from controlplane.state import AppState
 from weightship.manifest import MAX_MANIFEST_BYTES, canonical_json
 from weightship.schemas import Role
 

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from controlplane.app import AppState
 from controlplane.persistence.store import LocalStore, S3Store, manifest_key
 from controlplane.persistence.store.signing import sign_blob
 from controlplane.settings import Settings
+from controlplane.state import AppState
 from weightship.schemas import BlobURLs, Role, VersionInfo
 
 if TYPE_CHECKING:

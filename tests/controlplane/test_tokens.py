@@ -8,9 +8,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from controlplane.app import AppState
 from controlplane.auth import hash_secret
 from controlplane.persistence.db import TokenRow
+from controlplane.state import AppState
 from controlplane.tokens import BOOTSTRAP_NAME, bootstrap_admin
 from weightship.schemas import Role
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from controlplane.app import AppState
 from controlplane.persistence.db import BlobChunksRow, UploadSessionRow
 from controlplane.persistence.store import S3Store
 from controlplane.persistence.store.origin import UPLOADS
 from controlplane.settings import Settings
+from controlplane.state import AppState
 from tests.controlplane.conftest import TEST_CHUNK
 from weightship.manifest import Manifest, build_manifest, canonical_json
 from weightship.schemas import UploadSession

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import event
 
-from controlplane.app import AppState
+from controlplane.state import AppState
 from tests.controlplane.conftest import (  # noqa: F401  (fixtures)
     LiveControlPlane,
     cp_client,
