@@ -1,12 +1,12 @@
 """The control plane's FastAPI application: wiring, error mapping, health and metrics.
 
-Routes live in modules named after what they manage (``registry``, ``publish``,
-``deployments``, ``fleet``, ``tokens``); this module only assembles them. Every
-``WeightshipError`` escaping a route becomes an ``ErrorBody`` with the error's status code; a
-``TemporaryError`` (503) carries ``Retry-After``. A database that is locked, out of pooled
-connections or unreachable answers 503 ``database_unavailable`` within the engine's bounded
-waits (``controlplane.persistence.db.make_engine``), never a 500 after a stall. Request bodies are bounded
-per route (``controlplane.limits``).
+Routers live in ``controlplane.http``, in modules named after what they manage (``registry``,
+``publish``, ``deployments``, ``fleet``, ``tokens``); this module only assembles them with the
+typed ``AppState`` (``controlplane.state``). Every error leaves as RFC 9457 problem details
+(``controlplane.http.problems``); a ``TemporaryError`` (503) carries ``Retry-After``. A database
+that is locked, out of pooled connections or unreachable answers 503 ``database_unavailable``
+within the engine's bounded waits (``controlplane.persistence.db.make_engine``), never a 500
+after a stall. Request bodies are bounded per route (``controlplane.http.limits``).
 """
 
 from __future__ import annotations
@@ -14,34 +14,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import exc, text
+from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.http import state_of
+from controlplane.http import problems, state_of
 from controlplane.http.limits import BodyLimit
 from controlplane.persistence.db import QueryCounter, database_errors, make_engine
 from controlplane.settings import Settings
 from controlplane.state import AppState
 from controlplane.watcher import watching
-from weightship.errors import TemporaryError, WeightshipError
-from weightship.schemas import ErrorBody, ErrorDetail
+from weightship.errors import WeightshipError
 
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
-
-
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorBody(error=ErrorDetail(code=code, message=message))
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 async def _sweep_uploads_forever(state: AppState) -> None:
@@ -96,32 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, default_max_bytes=settings.max_body_bytes)
 
-    @app.exception_handler(WeightshipError)
-    async def _weightship_error(_request: Request, err: WeightshipError) -> JSONResponse:
-        headers: dict[str, str] = {}
-        if err.status_code == 401:
-            headers["WWW-Authenticate"] = "Bearer"
-        if isinstance(err, TemporaryError):
-            headers["Retry-After"] = str(max(1, math.ceil(err.delay)))
-        return _error(err.status_code, err.code, err.message, headers or None)
-
-    async def _database_error(request: Request, err: Exception) -> JSONResponse:
-        # A route that does not map database failures itself: the same 503 the mapped ones give.
-        try:
-            with database_errors(f"{request.method} {request.url.path}"):
-                raise err
-        except WeightshipError as mapped:
-            log.warning("database_unavailable path=%s error=%s", request.url.path, type(err).__name__)
-            return await _weightship_error(request, mapped)
-
-    for failure in (exc.OperationalError, exc.InterfaceError, exc.TimeoutError):
-        app.add_exception_handler(failure, _database_error)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
+    problems.install(app)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> PlainTextResponse:
@@ -142,5 +109,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     for module in (publish, registry, deployments, fleet, token_routes):
+        problems.document(module.router)
         app.include_router(module.router)
     return app

@@ -74,17 +74,17 @@ def hash_secret(secret: str) -> str:
 def authenticate(session: Session, header: str | None) -> Principal:
     """The principal behind an ``Authorization`` header, or ``AuthError``."""
     if not header:
-        raise AuthError("missing Authorization header: send 'Authorization: Bearer <token>'")
+        raise AuthError("missing Authorization header: send 'Authorization: Bearer <token>'", code="token_missing")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
-        raise AuthError("Authorization header must be 'Bearer <token>'")
+        raise AuthError("Authorization header must be 'Bearer <token>'", code="token_malformed")
     found = session.execute(
         select(TokenRow, NodeRow.name)
         .outerjoin(NodeRow, NodeRow.id == TokenRow.node_id)
         .where(TokenRow.secret_hash == hash_secret(secret.strip()))
     ).first()
     if found is None or found[0].revoked:
-        raise AuthError("token is not valid (unknown or revoked): ask an admin for a new one")
+        raise AuthError("token is not valid (unknown or revoked): ask an admin for a new one", code="token_invalid")
     row, node_name = found
     return Principal(name=row.name, role=Role(row.role), token_id=row.id, node_id=row.node_id, node_name=node_name)
 
@@ -92,7 +92,9 @@ def authenticate(session: Session, header: str | None) -> Principal:
 def refuse_role(principal: Principal, allowed: frozenset[Role]) -> ForbiddenError:
     names = ", ".join(sorted(r.value for r in allowed))
     return ForbiddenError(
-        f"token {principal.name!r} has role {principal.role.value!r}; this call needs one of: {names}"
+        f"token {principal.name!r} has role {principal.role.value!r}; this call needs one of: {names}",
+        code="role_refused",
+        fields={"token": principal.name, "role": principal.role.value, "roles_needed": names},
     )
 
 
@@ -114,13 +116,17 @@ def ensure_acts_for(principal: Principal, *, node_id: str | None = None, name: s
     if principal.node_id is None:
         raise ForbiddenError(
             f"token {principal.name!r} is an enrolment token: it can enrol a node (POST /v1/nodes/enrol) "
-            "but not act for one; use the node token that enrolment returned"
+            "but not act for one; use the node token that enrolment returned",
+            code="enrolment_token_cannot_act",
+            fields={"token": principal.name},
         )
     if (node_id is not None and node_id != principal.node_id) or (name is not None and name != principal.node_name):
         asked = name if name is not None else node_id
         raise ForbiddenError(
             f"token {principal.name!r} is the node token of node {principal.node_name!r} "
-            f"(id {principal.node_id}); it cannot act for node {asked!r}"
+            f"(id {principal.node_id}); it cannot act for node {asked!r}",
+            code="other_node",
+            fields={"token": principal.name, "node": principal.node_name, "node_asked": asked},
         )
 
 

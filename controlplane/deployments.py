@@ -103,12 +103,15 @@ def parse_if_match(value: str | None, deployment: str) -> int:
     if value is None or not value.strip():
         raise PreconditionRequired(
             f"changing the pointer of {deployment!r} needs an If-Match header: GET /v1/deployments/{deployment} "
-            'and send its ETag back, e.g. If-Match: "3"'
+            'and send its ETag back, e.g. If-Match: "3"',
+            fields={"deployment": deployment},
         )
     match = _ETAG.match(value.strip())
     if match is None:
         raise ValidationError(
-            f'If-Match must be one ETag as returned by GET /v1/deployments/{deployment} (e.g. "3"); got {value!r}'
+            f'If-Match must be one ETag as returned by GET /v1/deployments/{deployment} (e.g. "3"); got {value!r}',
+            code="if_match_invalid",
+            fields={"deployment": deployment},
         )
     return int(match.group(1) or match.group(2))
 
@@ -145,7 +148,11 @@ def event_schema(row: PointerEventRow) -> PointerEvent:
 def load_deployment(session: Session, name: str) -> DeploymentRow:
     row = session.get(DeploymentRow, name)
     if row is None:
-        raise NotFoundError(f"deployment {name!r} does not exist; create it with POST /v1/deployments")
+        raise NotFoundError(
+            f"deployment {name!r} does not exist; create it with POST /v1/deployments",
+            code="deployment_not_found",
+            fields={"deployment": name},
+        )
     return row
 
 
@@ -157,12 +164,16 @@ def resolve_ready(session: Session, model: str, ref: str) -> str:
         other = session.get(VersionRow, ref) if ref.startswith("sha256:") else None
         if other is not None:
             raise ConflictError(
-                f"version {ref} belongs to model {other.model!r}, but this deployment serves model {model!r}"
+                f"version {ref} belongs to model {other.model!r}, but this deployment serves model {model!r}",
+                code="version_of_other_model",
+                fields={"version": ref, "model": model, "version_model": other.model},
             ) from None
         raise
     if version.state != "ready":
         raise ConflictError(
-            f"version {version.digest} of model {model!r} is {version.state!r}, not ready; only ready versions can be served"
+            f"version {version.digest} of model {model!r} is {version.state!r}, not ready; only ready versions can be served",
+            code="version_not_ready",
+            fields={"model": model, "version": ref, "state": version.state},
         )
     return version.digest
 
@@ -181,7 +192,9 @@ def _stale(state: AppState, name: str, expected: int, current: int | None) -> Pr
     log.info("pointer_cas_lost deployment=%s expected_epoch=%d current_epoch=%s", name, expected, current)
     return PreconditionFailed(
         f"deployment {name!r} is at epoch {current} (ETag {etag(current or 0)}), not {expected}: someone changed it; "
-        "GET it again, re-apply your change and retry"
+        "GET it again, re-apply your change and retry",
+        code="pointer_stale",
+        fields={"deployment": name, "epoch": current, "expected_epoch": expected},
     )
 
 
@@ -286,7 +299,9 @@ def _action(before: Pointer, after: Pointer) -> str:
 def move_pointer(state: AppState, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
     if body.canary is None and body.canary_share > 0:
         raise ValidationError(
-            f"canary_share is {body.canary_share} but no canary is named; name one or set the share to 0"
+            f"canary_share is {body.canary_share} but no canary is named; name one or set the share to 0",
+            code="share_without_canary",
+            fields={"deployment": name, "share": body.canary_share},
         )
     with state.sessions() as session:
         row = load_deployment(session, name)
@@ -298,7 +313,9 @@ def move_pointer(state: AppState, name: str, expected: int, body: PointerUpdate,
         model = row.model
     if canary == stable:
         raise ValidationError(
-            f"canary and stable are the same version {stable}; omit the canary to serve it everywhere"
+            f"canary and stable are the same version {stable}; omit the canary to serve it everywhere",
+            code="canary_is_stable",
+            fields={"deployment": name, "version": stable},
         )
     after = Pointer(
         stable=stable,
@@ -329,7 +346,9 @@ def roll_back(state: AppState, name: str, expected: int | None, body: RollbackRe
         elif row.previous_stable is None:
             raise ConflictError(
                 f"deployment {name!r} has no previous stable version to roll back to "
-                f"(stable is {row.stable or 'unset'}); name a ready version with 'to' (label or digest)"
+                f"(stable is {row.stable or 'unset'}); name a ready version with 'to' (label or digest)",
+                code="no_previous_stable",
+                fields={"deployment": name, "stable": row.stable},
             )
         else:
             target = resolve_ready(session, row.model, row.previous_stable)
@@ -337,7 +356,9 @@ def roll_back(state: AppState, name: str, expected: int | None, body: RollbackRe
         epoch, model = row.epoch, row.model
     if target == before.stable:
         raise ConflictError(
-            f"deployment {name!r} already serves {target} as stable; to drop a canary, PUT the pointer without one"
+            f"deployment {name!r} already serves {target} as stable; to drop a canary, PUT the pointer without one",
+            code="already_stable",
+            fields={"deployment": name, "version": target},
         )
     after = Pointer(stable=target, previous_stable=before.stable, canary=None, canary_share=0.0)
     return change_pointer(
@@ -358,14 +379,26 @@ def new_deployment(state: AppState, body: DeploymentCreate) -> Deployment:
     )
     with state.sessions() as session:
         if session.get(ModelRow, body.model) is None:
-            raise NotFoundError(f"model {body.model!r} does not exist; publish a version of it first")
+            raise NotFoundError(
+                f"model {body.model!r} does not exist; publish a version of it first",
+                code="model_not_found",
+                fields={"model": body.model},
+            )
         if session.get(DeploymentRow, body.name) is not None:
-            raise ConflictError(f"deployment {body.name!r} already exists; pick another name or GET it")
+            raise ConflictError(
+                f"deployment {body.name!r} already exists; pick another name or GET it",
+                code="deployment_exists",
+                fields={"deployment": body.name},
+            )
         session.add(row)
         try:
             session.commit()
         except exc.IntegrityError as err:
-            raise ConflictError(f"deployment {body.name!r} already exists; pick another name or GET it") from err
+            raise ConflictError(
+                f"deployment {body.name!r} already exists; pick another name or GET it",
+                code="deployment_exists",
+                fields={"deployment": body.name},
+            ) from err
     log.info("deployment_created deployment=%s model=%s", body.name, body.model)
     return to_schema(row)
 

@@ -350,7 +350,7 @@ def status_of(state: AppState, name: str) -> DeploymentStatus:
     with state.sessions() as session:
         row = session.get(DeploymentRow, name)
         if row is None:
-            raise NotFoundError(f"deployment {name!r} does not exist; list deployments with GET /v1/deployments")
+            raise NotFoundError(f"deployment {name!r} does not exist; list deployments with GET /v1/deployments", code="deployment_not_found", fields={"deployment": name})
         nodes = [
             n
             for n in session.scalars(select(NodeRow).order_by(NodeRow.name))

@@ -85,12 +85,18 @@ def resolve_version(session: Session, model: str, ref: str) -> VersionRow:
         parse_digest(ref)
         row = session.get(VersionRow, ref)
         if row is None or row.model != model:
-            raise NotFoundError(f"model {model!r} has no version {ref}; list them with GET /v1/models/{model}/versions")
+            raise NotFoundError(
+                f"model {model!r} has no version {ref}; list them with GET /v1/models/{model}/versions",
+                code="version_not_found",
+                fields={"model": model, "version": ref},
+            )
         return row
     label = session.get(LabelRow, (model, ref))
     if label is None:
         raise NotFoundError(
-            f"model {model!r} has no label {ref!r}; list its versions with GET /v1/models/{model}/versions"
+            f"model {model!r} has no label {ref!r}; list its versions with GET /v1/models/{model}/versions",
+            code="version_not_found",
+            fields={"model": model, "version": ref},
         )
     row = session.get(VersionRow, label.digest)
     if row is None:  # the foreign key makes this impossible
@@ -105,7 +111,9 @@ def check_labels_free(session: Session, model: str, digest: str, labels: Sequenc
         if row is not None and row.digest != digest:
             raise ConflictError(
                 f"label {label!r} of model {model!r} already names {row.digest}; labels never move to other "
-                "content: choose a new label"
+                "content: choose a new label",
+                code="label_taken",
+                fields={"model": model, "label": label, "digest": row.digest},
             )
 
 
@@ -122,7 +130,9 @@ def claim_label_objects(
         if existing.get("digest") != digest:
             raise ConflictError(
                 f"label {label!r} of model {model!r} already names {existing.get('digest')} in the store; labels "
-                "never move to other content: choose a new label"
+                "never move to other content: choose a new label",
+                code="label_taken",
+                fields={"model": model, "label": label, "digest": existing.get("digest")},
             )
 
 

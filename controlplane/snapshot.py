@@ -70,7 +70,11 @@ def _read_deployments(sessions: sessionmaker[Session], names: Sequence[str]) -> 
 
 def unknown_node(node_id: str) -> NotFoundError:
     """The error for a node id that is not registered."""
-    return NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+    return NotFoundError(
+        f"node {node_id!r} is not registered; register again with POST /v1/nodes/register",
+        code="node_not_registered",
+        fields={"node_id": node_id},
+    )
 
 
 def _read_node(sessions: sessionmaker[Session], node_id: str) -> NodeIdentity:

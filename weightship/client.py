@@ -17,8 +17,10 @@ S3 on presigned URLs, which carry their own signature and must not see our token
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TypeVar
@@ -34,6 +36,7 @@ from weightship.errors import (
     AuthError,
     ConflictError,
     DiskFullError,
+    Field,
     ForbiddenError,
     IntegrityError,
     ManifestError,
@@ -136,6 +139,11 @@ def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
     status = response.status_code
     cls: type[WeightshipError] | None = None
     message = ""
+    problem = _problem_of(response)
+    if problem is not None:
+        error = _error_of(response, _BY_CODE.get(problem.code) or _BY_STATUS.get(status) or WeightshipError, problem.detail)
+        error.code, error.fields = problem.code, problem.fields
+        return error
     try:
         body = ErrorBody.model_validate_json(response.content)
         cls = _BY_CODE.get(body.error.code)
@@ -158,9 +166,39 @@ def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
         cls = _BY_STATUS.get(status)
     if cls is None:
         cls = TemporaryError if status >= 500 else WeightshipError
-    if cls is TemporaryError:
-        return TemporaryError(message, delay=_retry_after(response))
+    return _error_of(response, cls, message)
+
+
+def _error_of(response: httpx.Response, cls: type[WeightshipError], message: str) -> WeightshipError:
+    if issubclass(cls, TemporaryError):
+        return cls(message, delay=_retry_after(response))
     return cls(message)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    code: str
+    detail: str
+    fields: dict[str, Field]
+
+
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "code"})
+
+
+def _problem_of(response: httpx.Response) -> _Problem | None:
+    """RFC 9457 problem details with our ``code``, if that is what ``response`` carries."""
+    if response.headers.get("content-type", "").split(";")[0].strip().lower() != "application/problem+json":
+        return None
+    try:
+        doc = json.loads(response.content)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("code"), str) or not isinstance(doc.get("detail"), str):
+        return None
+    fields = {
+        k: v for k, v in doc.items() if k not in _PROBLEM_MEMBERS and (v is None or isinstance(v, str | int | float))
+    }
+    return _Problem(doc["code"], doc["detail"], fields)
 
 
 def _retry_after(response: httpx.Response) -> float:

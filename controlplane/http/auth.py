@@ -19,6 +19,7 @@ from weightship.schemas import Role
 
 __all__ = ["require", "require_enrolment", "require_node"]
 
+
 async def _principal(request: Request) -> Principal:
     """The caller, from the token cache or (on a miss) the database, off the event loop."""
     state = state_of(request)
@@ -74,4 +75,3 @@ def require_enrolment() -> Callable[[Request], Awaitable[Principal]]:
         raise refuse_role(principal, frozenset({Role.agent, Role.admin}))
 
     return dependency
-

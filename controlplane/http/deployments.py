@@ -22,6 +22,7 @@ from controlplane.deployments import (
 )
 from controlplane.http import state_of
 from controlplane.http.auth import require
+from controlplane.http.problems import errors
 from controlplane.persistence.db import DeploymentRow, PointerEventRow
 from weightship.schemas import (
     INT64_MAX,
@@ -41,7 +42,7 @@ router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 IfMatch = Annotated[str | None, Header(alias="If-Match")]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Deployment)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Deployment, responses=errors(404, 409))
 async def create_deployment(
     body: DeploymentCreate,
     request: Request,
@@ -63,7 +64,7 @@ def list_deployments(request: Request, _principal: Principal = Depends(require(*
         return [to_schema(row) for row in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
 
 
-@router.get("/{name}", response_model=Deployment)
+@router.get("/{name}", response_model=Deployment, responses=errors(404))
 def get_deployment(
     name: str, request: Request, response: Response, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> Deployment:
@@ -74,7 +75,7 @@ def get_deployment(
     return deployment
 
 
-@router.put("/{name}/pointer", response_model=Deployment)
+@router.put("/{name}/pointer", response_model=Deployment, responses=errors(400, 404, 409, 412, 428))
 async def set_pointer(
     name: str,
     body: PointerUpdate,
@@ -92,7 +93,7 @@ async def set_pointer(
     return deployment
 
 
-@router.post("/{name}/rollback", response_model=Deployment)
+@router.post("/{name}/rollback", response_model=Deployment, responses=errors(400, 404, 409, 412))
 async def rollback(
     name: str,
     request: Request,
@@ -110,7 +111,7 @@ async def rollback(
     return deployment
 
 
-@router.get("/{name}/history", response_model=list[PointerEvent])
+@router.get("/{name}/history", response_model=list[PointerEvent], responses=errors(404))
 def history(
     name: str,
     request: Request,
@@ -126,4 +127,3 @@ def history(
             query = query.where(PointerEventRow.epoch < before_epoch)
         rows = session.scalars(query.order_by(PointerEventRow.epoch.desc()).limit(limit)).all()
         return [event_schema(row) for row in rows]
-

@@ -14,6 +14,7 @@ from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for
 from controlplane.fleet import desired_answer, node_infos, record_heartbeat, register_node, status_of
 from controlplane.http import state_of
 from controlplane.http.auth import require, require_enrolment, require_node
+from controlplane.http.problems import errors
 from weightship.schemas import (
     DeploymentStatus,
     DesiredState,
@@ -41,7 +42,9 @@ _JITTER_FROM_SECONDS = 5.0
 _JITTER_SHARE = 0.2
 
 
-@nodes_router.post("/enrol", status_code=status.HTTP_201_CREATED, response_model=NodeEnrolment)
+@nodes_router.post(
+    "/enrol", status_code=status.HTTP_201_CREATED, response_model=NodeEnrolment, responses=errors(400, 409)
+)
 async def enrol(
     body: NodeEnrolRequest, request: Request, principal: Principal = Depends(require_enrolment())
 ) -> NodeEnrolment:
@@ -53,7 +56,7 @@ async def enrol(
     return enrolment
 
 
-@nodes_router.post("/register", response_model=NodeInfo)
+@nodes_router.post("/register", response_model=NodeInfo, responses=errors(400, 404, 409))
 async def register(
     body: NodeRegistration, request: Request, principal: Principal = Depends(require_node(None))
 ) -> NodeInfo:
@@ -66,7 +69,9 @@ async def register(
     return info
 
 
-@nodes_router.post("/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
+@nodes_router.post(
+    "/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses=errors(404)
+)
 async def heartbeat(
     node_id: str, body: NodeHeartbeat, request: Request, principal: Principal = Depends(require_node())
 ) -> Response:
@@ -77,7 +82,7 @@ async def heartbeat(
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@nodes_router.get("/{node_id}/desired", response_model=DesiredState)
+@nodes_router.get("/{node_id}/desired", response_model=DesiredState, responses=errors(404))
 async def desired(
     node_id: str,
     request: Request,
@@ -133,7 +138,7 @@ async def list_nodes(
     return await run_in_threadpool(node_infos, state_of(request), deployment)
 
 
-@status_router.get("/{name}/status", response_model=DeploymentStatus)
+@status_router.get("/{name}/status", response_model=DeploymentStatus, responses=errors(404))
 async def deployment_status(
     name: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> DeploymentStatus:
@@ -145,4 +150,3 @@ router.include_router(nodes_router)
 
 
 router.include_router(status_router)
-

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.auth import Principal
 from controlplane.http import state_of
 from controlplane.http.auth import require
+from controlplane.http.problems import errors
 from controlplane.persistence.store import OriginStore
 from controlplane.publish import (
     MAX_REQUEST_BYTES,
@@ -54,6 +55,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
     "",
     response_model=UploadSession,
     status_code=201,
+    responses=errors(400, 404, 409, 422, 502)
+    | {200: {"description": "The open session of the same manifest, resumed"}},
     openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": UploadCreate.model_json_schema()}}}
     },
@@ -74,13 +77,18 @@ async def create_upload(
     return session
 
 
-@router.get("/{upload_id}", response_model=UploadSession)
+@router.get("/{upload_id}", response_model=UploadSession, responses=errors(404, 502))
 def get_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> UploadSession:
     """A session with fresh part URLs and ``done`` flags; ``state`` is ``verifying`` while a commit checks its blobs."""
     return read_session(state_of(request), upload_id)
 
 
-@router.put("/{upload_id}/blobs/{sha256}/parts/{number}", status_code=204, response_class=Response)
+@router.put(
+    "/{upload_id}/blobs/{sha256}/parts/{number}",
+    status_code=204,
+    response_class=Response,
+    responses=errors(400, 404, 409, 422, 502),
+)
 async def put_part(
     upload_id: str, sha256: str, number: int, request: Request, _principal: Principal = Depends(_PUBLISHER)
 ) -> Response:
@@ -111,13 +119,13 @@ async def put_part(
     return Response(status_code=204)
 
 
-@router.post("/{upload_id}/commit", response_model=VersionInfo)
+@router.post("/{upload_id}/commit", response_model=VersionInfo, responses=errors(400, 404, 409, 422, 502))
 def commit_upload(upload_id: str, request: Request, principal: Principal = Depends(_PUBLISHER)) -> VersionInfo:
     """Verify every blob and make the version ready (see the module docstring)."""
     return commit_session(state_of(request), principal, upload_id)
 
 
-@router.delete("/{upload_id}", status_code=204, response_class=Response)
+@router.delete("/{upload_id}", status_code=204, response_class=Response, responses=errors(404, 409, 502))
 def delete_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> Response:
     """Abandon a session: its store uploads are aborted and its parts discarded."""
     abandon_session(state_of(request), upload_id)

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from controlplane.auth import ANY_ROLE, Principal
 from controlplane.http import state_of
 from controlplane.http.auth import require
+from controlplane.http.problems import errors
 from controlplane.persistence.db import LabelRow, ModelRow, VersionRow, database_errors
 from controlplane.persistence.store import LocalStore, manifest_key
 from controlplane.persistence.store.signing import signed_blob_url, verify_blob_signature
@@ -73,11 +74,13 @@ def _model(session: Session, name: str) -> ModelRow:
     check_model_name(name)
     row = session.get(ModelRow, name)
     if row is None:
-        raise NotFoundError(f"model {name!r} does not exist; publish a version of it first")
+        raise NotFoundError(
+            f"model {name!r} does not exist; publish a version of it first", code="model_not_found", fields={"model": name}
+        )
     return row
 
 
-@router.get("/models/{model}/versions", response_model=list[VersionInfo])
+@router.get("/models/{model}/versions", response_model=list[VersionInfo], responses=errors(400, 404))
 def list_versions(
     model: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> list[VersionInfo]:
@@ -96,7 +99,7 @@ def list_versions(
     return [info_with_labels(row, labels.get(row.digest, [])) for row in rows]
 
 
-@router.get("/models/{model}/versions/{ref}", response_model=VersionInfo)
+@router.get("/models/{model}/versions/{ref}", response_model=VersionInfo, responses=errors(400, 404))
 def get_version(
     model: str, ref: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
 ) -> VersionInfo:
@@ -107,7 +110,11 @@ def get_version(
         return version_info(session, resolve_version(session, model, ref))
 
 
-@router.get("/models/{model}/versions/{ref}/manifest", response_class=Response)
+@router.get(
+    "/models/{model}/versions/{ref}/manifest",
+    response_class=Response,
+    responses=errors(400, 404, 502) | {304: {"description": "Not Modified: the manifest named in If-None-Match"}},
+)
 def get_manifest(
     model: str,
     ref: str,
@@ -132,7 +139,11 @@ def get_manifest(
     return Response(content=raw, media_type="application/json", headers={"ETag": etag, "Cache-Control": _IMMUTABLE})
 
 
-@router.post("/models/{model}/labels", response_model=VersionInfo)
+@router.post(
+    "/models/{model}/labels",
+    response_model=VersionInfo,
+    responses=errors(400, 404, 409, 502) | {201: {"description": "Label added"}},
+)
 def add_label(
     model: str,
     body: LabelCreate,
@@ -187,7 +198,11 @@ def blob_urls(
 
 
 @router.head("/blobs/{sha256}", response_class=FileResponse, include_in_schema=False)
-@router.get("/blobs/{sha256}", response_class=FileResponse)
+@router.get(
+    "/blobs/{sha256}",
+    response_class=FileResponse,
+    responses=errors(403, 404, 416) | {206: {"description": "Partial Content: the range asked for"}},
+)
 def read_blob(
     sha256: str, request: Request, expires: int = Query(..., ge=0, le=INT64_MAX), sig: str = Query(..., max_length=128)
 ) -> FileResponse:
@@ -207,4 +222,3 @@ def read_blob(
         media_type="application/octet-stream",
         headers={"ETag": f'"{sha256}"', "Cache-Control": _IMMUTABLE},
     )
-

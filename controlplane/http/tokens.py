@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 from controlplane.auth import ANY_ROLE, Principal, new_secret
 from controlplane.http import state_of
 from controlplane.http.auth import require
+from controlplane.http.problems import errors
 from controlplane.persistence.db import TokenRow
 from controlplane.tokens import announce_revoked, new_token_row, token_info
 from weightship.errors import NotFoundError
@@ -46,7 +47,7 @@ def list_tokens(request: Request, _principal: Principal = Depends(require(Role.a
         return [token_info(row) for row in rows]
 
 
-@router.get("/self", response_model=TokenInfo)
+@router.get("/self", response_model=TokenInfo, responses=errors(404))
 def who_am_i(request: Request, principal: Principal = Depends(require(*ANY_ROLE))) -> TokenInfo:
     """The caller's own token (any role): lets a client check URL, token and role before long work."""
     with state_of(request).sessions() as session:
@@ -56,7 +57,7 @@ def who_am_i(request: Request, principal: Principal = Depends(require(*ANY_ROLE)
     return token_info(row)
 
 
-@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
+@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses=errors(404))
 def revoke_token(token_id: str, request: Request, principal: Principal = Depends(require(Role.admin))) -> Response:
     """Revoke a token: it stops working on the next request."""
     with state_of(request).sessions() as session:
@@ -69,4 +70,3 @@ def revoke_token(token_id: str, request: Request, principal: Principal = Depends
     announce_revoked(state_of(request), token_id)
     log.info("token_revoked token_id=%s by=%s", token_id, principal.name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
-

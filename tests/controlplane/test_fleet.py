@@ -17,6 +17,7 @@ from sqlalchemy import update
 from controlplane.fleet import RECHECK_SECONDS, canary_bucket, in_canary
 from controlplane.persistence.db import DeploymentRow, NodeRow, utcnow
 from controlplane.state import AppState
+from tests.controlplane.conftest import problem
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,10 +127,10 @@ def test_unknown_nodes_and_deployments_are_404(cp_client: httpx.Client, agent: H
     wanted = cp_client.get("/v1/nodes/ghost/desired", headers=agent)
     for response in (heartbeat, wanted):
         assert response.status_code == 404
-        assert "register again" in response.json()["error"]["message"]
+        assert "register again" in problem(response)["detail"]
     status = cp_client.get("/v1/deployments/ghost/status", headers=agent)
     assert status.status_code == 404
-    assert "ghost" in status.json()["error"]["message"]
+    assert "ghost" in problem(status)["detail"]
 
 
 def test_nodes_not_heard_from_within_the_stale_window_are_flagged_stale(
