@@ -141,7 +141,8 @@ def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
     message = ""
     problem = _problem_of(response)
     if problem is not None:
-        error = _error_of(response, _BY_CODE.get(problem.code) or _BY_STATUS.get(status) or WeightshipError, problem.detail)
+        fallback = TemporaryError if status >= 500 else WeightshipError
+        error = _error_of(response, _BY_CODE.get(problem.code) or _BY_STATUS.get(status) or fallback, problem.detail)
         error.code, error.fields = problem.code, problem.fields
         return error
     try:

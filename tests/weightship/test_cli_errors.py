@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.weightship.test_cli_e2e import CHUNK, ControlPlane, controlplane, models
 from weightship.cli_errors import WORDING
+from weightship.client import error_from_response
+from weightship.errors import NotFoundError, PreconditionFailed, TemporaryError, WeightshipError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,3 +80,21 @@ def test_every_worded_code_names_no_rest_terms_even_without_fields() -> None:
         line = wording({})
         assert "None" not in line, (code, line)
         assert not [word for word in REST_WORDS if word in line], (code, line)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [
+        (404, "model_not_found", NotFoundError),
+        (412, "pointer_stale", PreconditionFailed),
+        (500, "internal", TemporaryError),
+    ],
+)
+def test_the_client_keeps_a_problems_code_and_fields(status: int, code: str, kind: type[WeightshipError]) -> None:
+    body = {"type": "t", "title": "x", "status": status, "detail": "what happened", "instance": "/v1/x", "code": code}
+    response = httpx.Response(
+        status, json=body | {"model": "chat", "epoch": 4}, headers={"content-type": "application/problem+json"}
+    )
+    error = error_from_response(response, "GET /v1/x")
+    assert isinstance(error, kind)
+    assert (error.code, error.message, error.fields) == (code, "what happened", {"model": "chat", "epoch": 4})
