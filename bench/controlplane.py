@@ -176,7 +176,7 @@ def seed_versions(database_url: str, labels: tuple[str, ...]) -> None:
     """Ready versions of model ``llama`` straight in the database (publishing is not measured)."""
     import hashlib
 
-    from controlplane.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
+    from controlplane.persistence.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
 
     engine = make_engine(database_url)
     with make_sessionmaker(engine)() as session:

@@ -36,8 +36,8 @@ import time
 import uuid
 from pathlib import Path
 
-from controlplane.store import S3Store
-from controlplane.store.parts import b64_of_hex, plan_parts, verify_stored
+from controlplane.persistence.store import S3Store
+from controlplane.persistence.store.parts import b64_of_hex, plan_parts, verify_stored
 from weightship.chunks import chunk_ranges
 from weightship.digests import sha256_hex
 from weightship.manifest import FileEntry, build_manifest

@@ -30,6 +30,8 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from controlplane.settings import Settings
+
 __all__ = ["main"]
 
 log = logging.getLogger("controlplane")
@@ -42,13 +44,65 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--host", default=os.environ.get("WEIGHTSHIP_HOST", "127.0.0.1"), help="address to bind (default: %(default)s)"
     )
-    serve.add_argument(
-        "--port", type=int, default=int(os.environ.get("WEIGHTSHIP_PORT", "8080")), help="port (default: %(default)s)"
-    )
+    serve.add_argument("--port", type=int, default=_default_port(), help="port (default: %(default)s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     migrate = commands.add_parser("migrate", help="bring the database schema to the newest revision")
     migrate.add_argument("--show", action="store_true", help="only print the current and newest revision")
     return parser
+
+
+def _default_port() -> int:
+    """``WEIGHTSHIP_PORT``, else 8080; one clear line (exit 1) when it is not a port."""
+    text = os.environ.get("WEIGHTSHIP_PORT", "8080").strip()
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        print(f"error: WEIGHTSHIP_PORT is {text!r}, not a port number (0-65535): fix it or unset it", file=sys.stderr)
+        sys.exit(1)
+    return int(text)
+
+
+def _settings() -> Settings:
+    """The settings from the environment, with the database and the store checked, or one ``WeightshipError``.
+
+    A wrong URL stops the process here with one line naming the variable, instead of a traceback
+    from inside the server's start-up.
+    """
+    from sqlalchemy import exc, make_url, text
+
+    from controlplane.persistence.db import make_engine
+    from controlplane.persistence.store import open_store
+    from weightship.errors import WeightshipError
+
+    settings = Settings()
+    fix = "set WEIGHTSHIP_DATABASE_URL to sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+    try:
+        shown = make_url(settings.database_url).render_as_string(hide_password=True)
+        engine = make_engine(settings.database_url)
+    except (exc.ArgumentError, ValueError, ImportError) as err:
+        # the URL may carry a password: name the failure, not the text
+        raise WeightshipError(
+            f"WEIGHTSHIP_DATABASE_URL is not a database URL this control plane can use ({type(err).__name__}); {fix}"
+        ) from None
+    except OSError as err:  # the directory of a SQLite file cannot be made
+        raise WeightshipError(
+            f"cannot open the database {shown} (WEIGHTSHIP_DATABASE_URL): {err.strerror or err} at {err.filename}; "
+            f"choose a writable path, or {fix}"
+        ) from None
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except exc.SQLAlchemyError as err:
+        cause = getattr(err, "orig", None) or err
+        raise WeightshipError(
+            f"cannot open the database {shown} (WEIGHTSHIP_DATABASE_URL): {str(cause).strip().splitlines()[0]}; "
+            f"check that it runs and that this process may reach it, or {fix}"
+        ) from None
+    finally:
+        engine.dispose()
+    try:
+        open_store(settings)
+    except WeightshipError as err:
+        raise WeightshipError(f"WEIGHTSHIP_STORE: {err.message}") from None
+    return settings
 
 
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # binding these means every interface
@@ -136,7 +190,6 @@ def _serve(host: str, port: int, log_level: str) -> int:
     import uvicorn
 
     from controlplane.app import create_app
-    from controlplane.settings import Settings
 
     sock = _bind(host, port)
     bound_port = int(sock.getsockname()[1])
@@ -146,7 +199,11 @@ def _serve(host: str, port: int, log_level: str) -> int:
     except BaseException:
         sock.close()
         raise
-    settings = dataclasses.replace(Settings(), public_url=public_url)
+    try:
+        settings = dataclasses.replace(_settings(), public_url=public_url)
+    except BaseException:
+        sock.close()
+        raise
     log.info(
         "controlplane_starting host=%s port=%d public_url=%s public_url_from=%s store=%s",
         host,
@@ -155,19 +212,16 @@ def _serve(host: str, port: int, log_level: str) -> int:
         "WEIGHTSHIP_PUBLIC_URL" if explicit else "bound_address",
         settings.store_url,
     )
-    config = uvicorn.Config(
-        create_app(settings), host=host, port=bound_port, log_level=log_level, proxy_headers=True
-    )
+    config = uvicorn.Config(create_app(settings), host=host, port=bound_port, log_level=log_level, proxy_headers=True)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
 def _migrate(show: bool) -> int:
-    from controlplane import migrate
-    from controlplane.db import make_engine
-    from controlplane.settings import Settings
+    from controlplane.persistence import migrate
+    from controlplane.persistence.db import make_engine
 
-    engine = make_engine(Settings().database_url)
+    engine = make_engine(_settings().database_url)
     try:
         before = migrate.current_revision(engine)
         if not show:

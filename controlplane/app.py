@@ -1,12 +1,12 @@
 """The control plane's FastAPI application: wiring, error mapping, health and metrics.
 
-Routes live in modules named after what they manage (``registry``, ``publish``,
-``deployments``, ``fleet``, ``tokens``); this module only assembles them. Every
-``WeightshipError`` escaping a route becomes an ``ErrorBody`` with the error's status code; a
-``TemporaryError`` (503) carries ``Retry-After``. A database that is locked, out of pooled
-connections or unreachable answers 503 ``database_unavailable`` within the engine's bounded
-waits (``controlplane.db.make_engine``), never a 500 after a stall. Request bodies are bounded
-per route (``controlplane.limits``).
+Routers live in ``controlplane.http``, in modules named after what they manage (``registry``,
+``publish``, ``deployments``, ``fleet``, ``tokens``); this module only assembles them with the
+typed ``AppState`` (``controlplane.state``). Every error leaves as RFC 9457 problem details
+(``controlplane.http.problems``); a ``TemporaryError`` (503) carries ``Retry-After``. A database
+that is locked, out of pooled connections or unreachable answers 503 ``database_unavailable``
+within the engine's bounded waits (``controlplane.persistence.db.make_engine``), never a 500
+after a stall. Request bodies are bounded per route (``controlplane.http.limits``).
 """
 
 from __future__ import annotations
@@ -14,49 +14,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from sqlalchemy import exc, text
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import sessionmaker
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.db import QueryCounter, make_engine, make_sessionmaker
-from controlplane.limits import BodyLimit
-from controlplane.registry import database_errors
+from controlplane.http import problems, state_of
+from controlplane.http.limits import BodyLimit
+from controlplane.persistence.db import QueryCounter, database_errors, make_engine
 from controlplane.settings import Settings
+from controlplane.state import AppState
 from controlplane.watcher import watching
-from weightship.errors import TemporaryError, WeightshipError
-from weightship.schemas import ErrorBody, ErrorDetail
+from weightship.errors import WeightshipError
 
-__all__ = ["AppState", "create_app"]
+__all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class AppState:
-    """What every route reaches through ``request.app.state.ws``."""
-
-    settings: Settings
-    engine: Engine
-    sessions: sessionmaker[Any]
-    store: Any
-    metrics: CollectorRegistry
-    extras: dict[str, Any] = field(default_factory=dict)
-
-
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorBody(error=ErrorDetail(code=code, message=message))
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 async def _sweep_uploads_forever(state: AppState) -> None:
@@ -76,8 +53,12 @@ async def _sweep_uploads_forever(state: AppState) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
-    from controlplane import deployments, fleet, metrics, migrate, publish, registry, tokens
-    from controlplane.store import open_store
+    from controlplane import tokens
+    from controlplane.http import deployments, fleet, publish, registry
+    from controlplane.http import tickets as ticket_routes
+    from controlplane.http import tokens as token_routes
+    from controlplane.persistence import migrate
+    from controlplane.persistence.store import open_store
 
     settings = settings or Settings()
 
@@ -91,17 +72,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             statement_timeout=settings.database_statement_timeout_seconds,
         )
         migrate.upgrade(engine)
-        state = AppState(
-            settings=settings,
-            engine=engine,
-            sessions=make_sessionmaker(engine),
-            store=open_store(settings),
-            metrics=CollectorRegistry(),
-        )
+        state = AppState.open(settings, engine, open_store(settings))
         app.state.ws = state
         tokens.bootstrap_admin(state)
-        metrics.metrics_of(state)  # so /metrics shows every series from the first scrape
-        state.metrics.register(QueryCounter(engine))
+        state.metrics_registry.register(QueryCounter(engine))
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))
         try:
             async with watching(state):
@@ -115,32 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, default_max_bytes=settings.max_body_bytes)
 
-    @app.exception_handler(WeightshipError)
-    async def _weightship_error(_request: Request, err: WeightshipError) -> JSONResponse:
-        headers: dict[str, str] = {}
-        if err.status_code == 401:
-            headers["WWW-Authenticate"] = "Bearer"
-        if isinstance(err, TemporaryError):
-            headers["Retry-After"] = str(max(1, math.ceil(err.delay)))
-        return _error(err.status_code, err.code, err.message, headers or None)
-
-    async def _database_error(request: Request, err: Exception) -> JSONResponse:
-        # A route that does not map database failures itself: the same 503 the mapped ones give.
-        try:
-            with database_errors(f"{request.method} {request.url.path}"):
-                raise err
-        except WeightshipError as mapped:
-            log.warning("database_unavailable path=%s error=%s", request.url.path, type(err).__name__)
-            return await _weightship_error(request, mapped)
-
-    for failure in (exc.OperationalError, exc.InterfaceError, exc.TimeoutError):
-        app.add_exception_handler(failure, _database_error)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid request')}")
+    problems.install(app)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> PlainTextResponse:
@@ -149,20 +98,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/readyz", include_in_schema=False)
     def readyz(request: Request) -> PlainTextResponse:
         """Ready when the database answers, within its bounded waits, and is the file opened at start."""
-        state: AppState = request.app.state.ws
+        state = state_of(request)
         with database_errors("checking readiness"), state.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         return PlainTextResponse("ready")
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:
-        state: AppState = request.app.state.ws
-        body = await run_in_threadpool(generate_latest, state.metrics)  # the fleet gauges query the database
+        state = state_of(request)
+        body = await run_in_threadpool(generate_latest, state.metrics_registry)  # the fleet gauges query the database
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    for module in (publish, registry, deployments, fleet, tokens):
+    for module in (publish, registry, deployments, fleet, token_routes, ticket_routes):
+        problems.document(module.router)
         app.include_router(module.router)
-    from controlplane.tickets import router as tickets_router
-
-    app.include_router(tickets_router)
     return app

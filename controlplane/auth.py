@@ -22,17 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-from fastapi import Request
 from sqlalchemy import select
-from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.authcache import token_cache_of
-from controlplane.db import NodeRow, TokenRow
+from controlplane.persistence.db import NodeRow, TokenRow
 from weightship.errors import AuthError, ForbiddenError
 from weightship.schemas import Role
 
@@ -40,12 +35,11 @@ __all__ = [
     "ANY_ROLE",
     "Principal",
     "authenticate",
+    "authenticate_in",
     "ensure_acts_for",
     "hash_secret",
     "new_secret",
-    "require",
-    "require_enrolment",
-    "require_node",
+    "refuse_role",
 ]
 
 ANY_ROLE = frozenset(Role)
@@ -80,56 +74,34 @@ def hash_secret(secret: str) -> str:
 def authenticate(session: Session, header: str | None) -> Principal:
     """The principal behind an ``Authorization`` header, or ``AuthError``."""
     if not header:
-        raise AuthError("missing Authorization header: send 'Authorization: Bearer <token>'")
+        raise AuthError("missing Authorization header: send 'Authorization: Bearer <token>'", code="token_missing")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
-        raise AuthError("Authorization header must be 'Bearer <token>'")
+        raise AuthError("Authorization header must be 'Bearer <token>'", code="token_malformed")
     found = session.execute(
         select(TokenRow, NodeRow.name)
         .outerjoin(NodeRow, NodeRow.id == TokenRow.node_id)
         .where(TokenRow.secret_hash == hash_secret(secret.strip()))
     ).first()
     if found is None or found[0].revoked:
-        raise AuthError("token is not valid (unknown or revoked): ask an admin for a new one")
+        raise AuthError("token is not valid (unknown or revoked): ask an admin for a new one", code="token_invalid")
     row, node_name = found
     return Principal(name=row.name, role=Role(row.role), token_id=row.id, node_id=row.node_id, node_name=node_name)
 
 
-async def _principal(request: Request) -> Principal:
-    """The caller, from the token cache or (on a miss) the database, off the event loop."""
-    state = request.app.state.ws
-    header = request.headers.get("authorization")
-    cache = token_cache_of(state)
-    principal: Principal | None = cache.get(header) if header else None
-    if principal is None:
-        principal = await run_in_threadpool(_authenticate, state, header)
-        cache.put(header or "", principal, principal.token_id)
-    return principal
-
-
-def _refuse_role(principal: Principal, allowed: frozenset[Role]) -> ForbiddenError:
+def refuse_role(principal: Principal, allowed: frozenset[Role]) -> ForbiddenError:
     names = ", ".join(sorted(r.value for r in allowed))
     return ForbiddenError(
-        f"token {principal.name!r} has role {principal.role.value!r}; this call needs one of: {names}"
+        f"token {principal.name!r} has role {principal.role.value!r}; this call needs one of: {names}",
+        code="role_refused",
+        fields={"token": principal.name, "role": principal.role.value, "roles_needed": names},
     )
 
 
-def _authenticate(state: Any, header: str | None) -> Principal:
-    with state.sessions() as session:
+def authenticate_in(sessions: sessionmaker[Session], header: str | None) -> Principal:
+    """``authenticate`` in a session of its own."""
+    with sessions() as session:
         return authenticate(session, header)
-
-
-def require(*roles: Role) -> Callable[[Request], Awaitable[Principal]]:
-    """FastAPI dependency admitting ``roles`` (and always ``admin``)."""
-    allowed = frozenset(roles) | {Role.admin}
-
-    async def dependency(request: Request) -> Principal:
-        principal = await _principal(request)
-        if principal.role not in allowed:
-            raise _refuse_role(principal, allowed)
-        return principal
-
-    return dependency
 
 
 def ensure_acts_for(principal: Principal, *, node_id: str | None = None, name: str | None = None) -> None:
@@ -140,47 +112,21 @@ def ensure_acts_for(principal: Principal, *, node_id: str | None = None, name: s
     if principal.role == Role.admin:
         return
     if principal.role != Role.agent:
-        raise _refuse_role(principal, frozenset({Role.agent, Role.admin}))
+        raise refuse_role(principal, frozenset({Role.agent, Role.admin}))
     if principal.node_id is None:
         raise ForbiddenError(
             f"token {principal.name!r} is an enrolment token: it can enrol a node (POST /v1/nodes/enrol) "
-            "but not act for one; use the node token that enrolment returned"
+            "but not act for one; use the node token that enrolment returned",
+            code="enrolment_token_cannot_act",
+            fields={"token": principal.name},
         )
     if (node_id is not None and node_id != principal.node_id) or (name is not None and name != principal.node_name):
         asked = name if name is not None else node_id
         raise ForbiddenError(
             f"token {principal.name!r} is the node token of node {principal.node_name!r} "
-            f"(id {principal.node_id}); it cannot act for node {asked!r}"
+            f"(id {principal.node_id}); it cannot act for node {asked!r}",
+            code="other_node",
+            fields={"token": principal.name, "node": principal.node_name, "node_asked": asked},
         )
 
 
-def require_node(param: str | None = "node_id") -> Callable[[Request], Awaitable[Principal]]:
-    """FastAPI dependency: ``admin``, or the node token of the node named by path parameter ``param``.
-
-    With ``param=None`` any node token passes; the route then checks the node it names in its body
-    with ``ensure_acts_for``.
-    """
-
-    async def dependency(request: Request) -> Principal:
-        principal = await _principal(request)
-        ensure_acts_for(principal, node_id=None if param is None else request.path_params[param])
-        return principal
-
-    return dependency
-
-
-def require_enrolment() -> Callable[[Request], Awaitable[Principal]]:
-    """FastAPI dependency: ``admin``, or an enrolment token (an ``agent`` token bound to no node)."""
-
-    async def dependency(request: Request) -> Principal:
-        principal = await _principal(request)
-        if principal.role == Role.admin or principal.is_enrolment:
-            return principal
-        if principal.role == Role.agent:
-            raise ForbiddenError(
-                f"token {principal.name!r} is already the node token of node {principal.node_name!r}: "
-                "that node re-registers with POST /v1/nodes/register; enrolling needs an enrolment token"
-            )
-        raise _refuse_role(principal, frozenset({Role.agent, Role.admin}))
-
-    return dependency

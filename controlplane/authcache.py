@@ -21,15 +21,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.db import TokenRow
-from controlplane.notify import RESYNC, changes_of, token_topic
+from controlplane.notify import RESYNC, token_topic
+from controlplane.persistence.db import TokenRow
 
-__all__ = ["MAX_ENTRIES", "TTL_SECONDS", "TokenCache", "announce_revoked", "token_cache_of"]
+__all__ = ["MAX_ENTRIES", "TTL_SECONDS", "TokenCache"]
 
 #: how long an authenticated token is trusted without asking the database again
 TTL_SECONDS = 300.0
@@ -37,8 +37,6 @@ TTL_SECONDS = 300.0
 _RECHECK_BATCH = 900
 #: beyond this many cached tokens the cache starts afresh (tokens are few; hostile input is not)
 MAX_ENTRIES = 50_000
-_KEY = "token_cache"
-_LOCK = threading.Lock()
 
 P = TypeVar("P")
 
@@ -104,26 +102,3 @@ class TokenCache(Generic[P]):
             self.clear()
         elif topic.startswith(token_topic("")):
             self.revoke(topic.removeprefix(token_topic("")))
-
-
-def token_cache_of(state: Any) -> TokenCache[Any]:
-    """The token cache of this app (``state`` is its ``AppState``), subscribed to its change feed."""
-    found: TokenCache[Any] | None = state.extras.get(_KEY)
-    if found is not None:
-        return found
-    with _LOCK:
-        found = state.extras.get(_KEY)
-        if found is None:
-            found = TokenCache()
-            changes_of(state).subscribe(found.on_change)
-            state.extras[_KEY] = found
-        return found
-
-
-def announce_revoked(state: Any, token_id: str) -> None:
-    """After token ``token_id``'s revocation is committed: forget it here at once, and in every other process.
-
-    Blocking (it may notify PostgreSQL): call from a worker thread.
-    """
-    token_cache_of(state).revoke(token_id)
-    changes_of(state).announce_from_thread(token_topic(token_id))

@@ -30,19 +30,16 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from sqlalchemy import exc, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from controlplane.auth import ANY_ROLE, Principal, require
-from controlplane.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
-from controlplane.metrics import metrics_of
-from controlplane.notify import DEPLOYMENTS, changes_of
-from controlplane.registry import database_errors, resolve_version
+from controlplane.notify import DEPLOYMENTS
+from controlplane.persistence.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, database_errors, utcnow
+from controlplane.registry import resolve_version
+from controlplane.state import AppState
 from weightship.errors import (
     ConflictError,
     NotFoundError,
@@ -51,33 +48,31 @@ from weightship.errors import (
     ValidationError,
 )
 from weightship.schemas import (
-    INT64_MAX,
     Deployment,
     DeploymentCreate,
     PointerEvent,
     PointerUpdate,
-    Role,
     RollbackRequest,
 )
 
 __all__ = [
-    "GENERATION_KEY",
     "Pointer",
     "change_pointer",
     "etag",
+    "event_schema",
+    "load_deployment",
+    "move_pointer",
+    "new_deployment",
     "notify_pointer_changed",
     "parse_if_match",
     "resolve_ready",
-    "router",
+    "roll_back",
     "to_schema",
 ]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 
-#: ``AppState.extras`` key of a counter of the pointer changes this process announced
-GENERATION_KEY = "pointer_generation"
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ETAG = re.compile(r'^(?:W/)?(?:"(\d{1,18})"|(\d{1,18}))$')
@@ -108,12 +103,15 @@ def parse_if_match(value: str | None, deployment: str) -> int:
     if value is None or not value.strip():
         raise PreconditionRequired(
             f"changing the pointer of {deployment!r} needs an If-Match header: GET /v1/deployments/{deployment} "
-            'and send its ETag back, e.g. If-Match: "3"'
+            'and send its ETag back, e.g. If-Match: "3"',
+            fields={"deployment": deployment},
         )
     match = _ETAG.match(value.strip())
     if match is None:
         raise ValidationError(
-            f'If-Match must be one ETag as returned by GET /v1/deployments/{deployment} (e.g. "3"); got {value!r}'
+            f'If-Match must be one ETag as returned by GET /v1/deployments/{deployment} (e.g. "3"); got {value!r}',
+            code="if_match_invalid",
+            fields={"deployment": deployment},
         )
     return int(match.group(1) or match.group(2))
 
@@ -132,7 +130,7 @@ def to_schema(row: DeploymentRow) -> Deployment:
     )
 
 
-def _event_schema(row: PointerEventRow) -> PointerEvent:
+def event_schema(row: PointerEventRow) -> PointerEvent:
     return PointerEvent(
         epoch=row.epoch,
         action=row.action,
@@ -147,10 +145,14 @@ def _event_schema(row: PointerEventRow) -> PointerEvent:
     )
 
 
-def _load(session: Session, name: str) -> DeploymentRow:
+def load_deployment(session: Session, name: str) -> DeploymentRow:
     row = session.get(DeploymentRow, name)
     if row is None:
-        raise NotFoundError(f"deployment {name!r} does not exist; create it with POST /v1/deployments")
+        raise NotFoundError(
+            f"deployment {name!r} does not exist; create it with POST /v1/deployments",
+            code="deployment_not_found",
+            fields={"deployment": name},
+        )
     return row
 
 
@@ -162,12 +164,16 @@ def resolve_ready(session: Session, model: str, ref: str) -> str:
         other = session.get(VersionRow, ref) if ref.startswith("sha256:") else None
         if other is not None:
             raise ConflictError(
-                f"version {ref} belongs to model {other.model!r}, but this deployment serves model {model!r}"
+                f"version {ref} belongs to model {other.model!r}, but this deployment serves model {model!r}",
+                code="version_of_other_model",
+                fields={"version": ref, "model": model, "version_model": other.model},
             ) from None
         raise
     if version.state != "ready":
         raise ConflictError(
-            f"version {version.digest} of model {model!r} is {version.state!r}, not ready; only ready versions can be served"
+            f"version {version.digest} of model {model!r} is {version.state!r}, not ready; only ready versions can be served",
+            code="version_not_ready",
+            fields={"model": model, "version": ref, "state": version.state},
         )
     return version.digest
 
@@ -176,22 +182,24 @@ def _current_epoch(session: Session, name: str) -> int | None:
     return session.scalar(select(DeploymentRow.epoch).where(DeploymentRow.name == name))
 
 
-def _stale(state: Any, name: str, expected: int, current: int | None) -> PreconditionFailed:
+def _stale(state: AppState, name: str, expected: int, current: int | None) -> PreconditionFailed:
     """The 412 of a lost compare-and-swap; ``current`` is read by the caller in the session it holds.
 
     Never opens a session of its own: callers hold one, and a second per request is how a burst
     of stale writers used to exhaust the pool and stall the whole API.
     """
-    metrics_of(state).pointer_conflicts.labels(deployment=name).inc()
+    state.metrics.pointer_conflicts.labels(deployment=name).inc()
     log.info("pointer_cas_lost deployment=%s expected_epoch=%d current_epoch=%s", name, expected, current)
     return PreconditionFailed(
         f"deployment {name!r} is at epoch {current} (ETag {etag(current or 0)}), not {expected}: someone changed it; "
-        "GET it again, re-apply your change and retry"
+        "GET it again, re-apply your change and retry",
+        code="pointer_stale",
+        fields={"deployment": name, "epoch": current, "expected_epoch": expected},
     )
 
 
 def change_pointer(
-    state: Any,
+    state: AppState,
     name: str,
     expected: int,
     before: Pointer,
@@ -255,7 +263,7 @@ def change_pointer(
         raise _stale(state, name, expected, current) from err
     if not won:
         raise _stale(state, name, expected, current)
-    metrics_of(state).pointer_changes.labels(deployment=name, action=action).inc()
+    state.metrics.pointer_changes.labels(deployment=name, action=action).inc()
     log.info(
         "pointer_changed deployment=%s epoch=%d action=%s actor=%s stable=%s canary=%s share=%s",
         name, expected + 1, action, actor, after.stable, after.canary, after.canary_share,
@@ -272,10 +280,10 @@ def change_pointer(
     )
 
 
-async def notify_pointer_changed(state: Any) -> None:
+async def notify_pointer_changed(state: AppState) -> None:
     """Announce a committed pointer change to every process, whose long-polls it moved then answer."""
-    state.extras[GENERATION_KEY] = state.extras.get(GENERATION_KEY, 0) + 1
-    await changes_of(state).announce(DEPLOYMENTS)
+    state.pointer_generation += 1
+    await state.changes.announce(DEPLOYMENTS)
 
 
 def _action(before: Pointer, after: Pointer) -> str:
@@ -288,13 +296,15 @@ def _action(before: Pointer, after: Pointer) -> str:
     return "set"
 
 
-def _set_pointer(state: Any, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
+def move_pointer(state: AppState, name: str, expected: int, body: PointerUpdate, actor: str) -> Deployment:
     if body.canary is None and body.canary_share > 0:
         raise ValidationError(
-            f"canary_share is {body.canary_share} but no canary is named; name one or set the share to 0"
+            f"canary_share is {body.canary_share} but no canary is named; name one or set the share to 0",
+            code="share_without_canary",
+            fields={"deployment": name, "share": body.canary_share},
         )
     with state.sessions() as session:
-        row = _load(session, name)
+        row = load_deployment(session, name)
         if row.epoch != expected:
             raise _stale(state, name, expected, row.epoch)
         stable = resolve_ready(session, row.model, body.stable)
@@ -303,7 +313,9 @@ def _set_pointer(state: Any, name: str, expected: int, body: PointerUpdate, acto
         model = row.model
     if canary == stable:
         raise ValidationError(
-            f"canary and stable are the same version {stable}; omit the canary to serve it everywhere"
+            f"canary and stable are the same version {stable}; omit the canary to serve it everywhere",
+            code="canary_is_stable",
+            fields={"deployment": name, "version": stable},
         )
     after = Pointer(
         stable=stable,
@@ -324,9 +336,9 @@ def _set_pointer(state: Any, name: str, expected: int, body: PointerUpdate, acto
     )
 
 
-def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest, actor: str) -> Deployment:
+def roll_back(state: AppState, name: str, expected: int | None, body: RollbackRequest, actor: str) -> Deployment:
     with state.sessions() as session:
-        row = _load(session, name)
+        row = load_deployment(session, name)
         if expected is not None and row.epoch != expected:
             raise _stale(state, name, expected, row.epoch)
         if body.to is not None:
@@ -334,7 +346,9 @@ def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest
         elif row.previous_stable is None:
             raise ConflictError(
                 f"deployment {name!r} has no previous stable version to roll back to "
-                f"(stable is {row.stable or 'unset'}); name a ready version with 'to' (label or digest)"
+                f"(stable is {row.stable or 'unset'}); name a ready version with 'to' (label or digest)",
+                code="no_previous_stable",
+                fields={"deployment": name, "stable": row.stable},
             )
         else:
             target = resolve_ready(session, row.model, row.previous_stable)
@@ -342,7 +356,9 @@ def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest
         epoch, model = row.epoch, row.model
     if target == before.stable:
         raise ConflictError(
-            f"deployment {name!r} already serves {target} as stable; to drop a canary, PUT the pointer without one"
+            f"deployment {name!r} already serves {target} as stable; to drop a canary, PUT the pointer without one",
+            code="already_stable",
+            fields={"deployment": name, "version": target},
         )
     after = Pointer(stable=target, previous_stable=before.stable, canary=None, canary_share=0.0)
     return change_pointer(
@@ -350,7 +366,7 @@ def _rollback(state: Any, name: str, expected: int | None, body: RollbackRequest
     )
 
 
-def _create(state: Any, body: DeploymentCreate) -> Deployment:
+def new_deployment(state: AppState, body: DeploymentCreate) -> Deployment:
     row = DeploymentRow(
         name=body.name,
         model=body.model,
@@ -363,103 +379,27 @@ def _create(state: Any, body: DeploymentCreate) -> Deployment:
     )
     with state.sessions() as session:
         if session.get(ModelRow, body.model) is None:
-            raise NotFoundError(f"model {body.model!r} does not exist; publish a version of it first")
+            raise NotFoundError(
+                f"model {body.model!r} does not exist; publish a version of it first",
+                code="model_not_found",
+                fields={"model": body.model},
+            )
         if session.get(DeploymentRow, body.name) is not None:
-            raise ConflictError(f"deployment {body.name!r} already exists; pick another name or GET it")
+            raise ConflictError(
+                f"deployment {body.name!r} already exists; pick another name or GET it",
+                code="deployment_exists",
+                fields={"deployment": body.name},
+            )
         session.add(row)
         try:
             session.commit()
         except exc.IntegrityError as err:
-            raise ConflictError(f"deployment {body.name!r} already exists; pick another name or GET it") from err
+            raise ConflictError(
+                f"deployment {body.name!r} already exists; pick another name or GET it",
+                code="deployment_exists",
+                fields={"deployment": body.name},
+            ) from err
     log.info("deployment_created deployment=%s model=%s", body.name, body.model)
     return to_schema(row)
 
 
-IfMatch = Annotated[str | None, Header(alias="If-Match")]
-
-
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Deployment)
-async def create_deployment(
-    body: DeploymentCreate,
-    request: Request,
-    response: Response,
-    _principal: Principal = Depends(require(Role.operator)),
-) -> Deployment:
-    """Create a deployment of a model; its pointer is empty (epoch 0) until set."""
-    state = request.app.state.ws
-    deployment = await run_in_threadpool(_create, state, body)
-    await notify_pointer_changed(state)
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.get("", response_model=list[Deployment])
-def list_deployments(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[Deployment]:
-    """Every deployment, by name."""
-    with request.app.state.ws.sessions() as session:
-        return [to_schema(row) for row in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
-
-
-@router.get("/{name}", response_model=Deployment)
-def get_deployment(
-    name: str, request: Request, response: Response, _principal: Principal = Depends(require(*ANY_ROLE))
-) -> Deployment:
-    """One deployment; ``ETag`` carries its epoch for the next ``If-Match``."""
-    with request.app.state.ws.sessions() as session:
-        deployment = to_schema(_load(session, name))
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.put("/{name}/pointer", response_model=Deployment)
-async def set_pointer(
-    name: str,
-    body: PointerUpdate,
-    request: Request,
-    response: Response,
-    if_match: IfMatch = None,
-    principal: Principal = Depends(require(Role.operator)),
-) -> Deployment:
-    """Compare-and-swap the pointer: 428 without ``If-Match``, 412 when it is stale."""
-    state = request.app.state.ws
-    expected = parse_if_match(if_match, name)
-    deployment = await run_in_threadpool(_set_pointer, state, name, expected, body, principal.name)
-    await notify_pointer_changed(state)
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.post("/{name}/rollback", response_model=Deployment)
-async def rollback(
-    name: str,
-    request: Request,
-    response: Response,
-    body: RollbackRequest | None = None,
-    if_match: IfMatch = None,
-    principal: Principal = Depends(require(Role.operator)),
-) -> Deployment:
-    """Make the previous stable version (or ``to``) stable again, at a new epoch; drops any canary."""
-    state = request.app.state.ws
-    expected = parse_if_match(if_match, name) if if_match is not None else None
-    deployment = await run_in_threadpool(_rollback, state, name, expected, body or RollbackRequest(), principal.name)
-    await notify_pointer_changed(state)
-    response.headers["ETag"] = etag(deployment.epoch)
-    return deployment
-
-
-@router.get("/{name}/history", response_model=list[PointerEvent])
-def history(
-    name: str,
-    request: Request,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_epoch: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
-    _principal: Principal = Depends(require(*ANY_ROLE)),
-) -> list[PointerEvent]:
-    """Pointer changes, newest first; page with ``before_epoch``."""
-    with request.app.state.ws.sessions() as session:
-        _load(session, name)
-        query = select(PointerEventRow).where(PointerEventRow.deployment == name)
-        if before_epoch is not None:
-            query = query.where(PointerEventRow.epoch < before_epoch)
-        rows = session.scalars(query.order_by(PointerEventRow.epoch.desc()).limit(limit)).all()
-        return [_event_schema(row) for row in rows]

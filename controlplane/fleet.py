@@ -40,27 +40,22 @@ query. Changes that arrive without a notification are seen within ``RECHECK_SECO
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import random
 import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response, status
 from sqlalchemy import bindparam, exc, select, update
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for, require, require_enrolment, require_node
-from controlplane.db import DeploymentRow, NodeRow, VersionRow, utcnow
 from controlplane.deployments import to_schema
-from controlplane.metrics import metrics_of
-from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, snapshots_of, unknown_node
+from controlplane.persistence.db import DeploymentRow, NodeRow, VersionRow, utcnow
+from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, unknown_node
+from controlplane.state import AppState
 from controlplane.tokens import active_node_token, mint_node_token
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, NotFoundError, ValidationError
@@ -84,29 +79,23 @@ from weightship.schemas import (
 __all__ = [
     "RECHECK_SECONDS",
     "canary_bucket",
+    "desired_answer",
     "desired_deployment",
     "desired_state",
     "in_canary",
-    "nodes_router",
-    "router",
-    "status_router",
+    "node_infos",
+    "record_heartbeat",
+    "register_node",
+    "status_of",
 ]
 
 log = logging.getLogger(__name__)
 
-nodes_router = APIRouter(prefix="/v1/nodes", tags=["fleet"])
-status_router = APIRouter(prefix="/v1/deployments", tags=["fleet"])
-router = APIRouter()
 
 _NODE_ROLES = ("node", "cache")
 #: a report equal to the one this process last wrote for a node is still rewritten this often
 REPORT_REWRITE_SECONDS = 60.0
-_REPORTS_KEY = "reports_written"
-_ANSWERS_KEY = "desired_answers"
-_CORRUPT_KEY = "corrupt_origins_logged"
 #: long-polls of at least this many seconds end up to this share early, at random
-_JITTER_FROM_SECONDS = 5.0
-_JITTER_SHARE = 0.2
 _MAX_ANSWERS = 10_000
 
 
@@ -184,7 +173,7 @@ def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
 # --- node routes ---------------------------------------------------------------------------------
 
 
-def _register(state: Any, body: NodeRegistration, enrol_by: str | None = None) -> NodeInfo | NodeEnrolment:
+def register_node(state: AppState, body: NodeRegistration, enrol_by: str | None = None) -> NodeInfo | NodeEnrolment:
     """Create or update the node called ``body.name``; with ``enrol_by``, also mint its node token."""
     proposed = body.token if isinstance(body, NodeEnrolRequest) else None
     if body.role not in _NODE_ROLES:
@@ -246,10 +235,10 @@ def _corrupt_origins(report: NodeHeartbeat) -> set[tuple[str, str | None, int | 
     }
 
 
-def _log_corrupt_origins(state: Any, node: str, body: NodeHeartbeat) -> None:
+def _log_corrupt_origins(state: AppState, node: str, body: NodeHeartbeat) -> None:
     # The origin's copy of a blob is bad: say so once per node and chunk (per process), not every heartbeat.
     found = _corrupt_origins(body)
-    seen: dict[str, set[tuple[str, str | None, int | None]]] = state.extras.setdefault(_CORRUPT_KEY, {})
+    seen = state.fleet.corrupt_origins_logged
     for digest, blob, chunk in sorted(found - seen.get(node, set()), key=str):
         log.error("origin_blob_corrupt node=%s version=%s blob=%s chunk_index=%s", node, digest, blob, chunk)
     if found:
@@ -263,13 +252,13 @@ _TOUCH = update(NodeRow).where(NodeRow.id == bindparam("node_id")).values(last_s
 _REWRITE = _TOUCH.values(report=bindparam("report"))
 
 
-def _heartbeat(state: Any, node_id: str, node: str, body: NodeHeartbeat) -> None:
+def record_heartbeat(state: AppState, node_id: str, node: str, body: NodeHeartbeat) -> None:
     # One UPDATE, no read. Most heartbeats repeat the last report; this process remembers the hash
     # of the report it last wrote per node and then only touches ``last_seen``. The report is
     # still rewritten every REPORT_REWRITE_SECONDS, bounding how long a report written meanwhile
     # through another replica could hide an equal one sent here.
     digest = sha256_hex(body.model_dump_json().encode())
-    written: dict[str, tuple[str, float]] = state.extras.setdefault(_REPORTS_KEY, {})
+    written = state.fleet.reports_written
     last = written.get(node_id)
     now = time.monotonic()
     rewrite = last is None or last[0] != digest or now - last[1] > REPORT_REWRITE_SECONDS
@@ -287,7 +276,7 @@ def _heartbeat(state: Any, node_id: str, node: str, body: NodeHeartbeat) -> None
     _log_corrupt_origins(state, node, body)
 
 
-def _list_nodes(state: Any, deployment: str | None) -> list[NodeInfo]:
+def node_infos(state: AppState, deployment: str | None) -> list[NodeInfo]:
     now = utcnow()
     with state.sessions() as session:
         rows = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
@@ -298,43 +287,7 @@ def _list_nodes(state: Any, deployment: str | None) -> list[NodeInfo]:
         ]
 
 
-@nodes_router.post("/enrol", status_code=status.HTTP_201_CREATED, response_model=NodeEnrolment)
-async def enrol(
-    body: NodeEnrolRequest, request: Request, principal: Principal = Depends(require_enrolment())
-) -> NodeEnrolment:
-    """Enrol a node with an enrolment token: register it and return its node token, once (409 if enrolled)."""
-    state = request.app.state.ws
-    enrolment = await run_in_threadpool(_register, state, body, principal.name)
-    assert isinstance(enrolment, NodeEnrolment)
-    metrics_of(state).node_registrations.inc()
-    return enrolment
-
-
-@nodes_router.post("/register", response_model=NodeInfo)
-async def register(
-    body: NodeRegistration, request: Request, principal: Principal = Depends(require_node(None))
-) -> NodeInfo:
-    """Re-register a node with its own node token (same id; labels and deployments replaced)."""
-    ensure_acts_for(principal, name=body.name)
-    state = request.app.state.ws
-    info = await run_in_threadpool(_register, state, body)
-    assert isinstance(info, NodeInfo)
-    metrics_of(state).node_registrations.inc()
-    return info
-
-
-@nodes_router.post("/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
-async def heartbeat(
-    node_id: str, body: NodeHeartbeat, request: Request, principal: Principal = Depends(require_node())
-) -> Response:
-    """Store a node's report and mark it seen."""
-    state = request.app.state.ws
-    await run_in_threadpool(_heartbeat, state, node_id, principal.node_name or node_id, body)
-    metrics_of(state).heartbeats.inc()
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-def _answer(state: Any, node: str, rows: list[DeploymentRow]) -> tuple[str, bytes]:
+def desired_answer(state: AppState, node: str, rows: list[DeploymentRow]) -> tuple[str, bytes]:
     """The revision and the JSON of the deployments that ``rows`` ask of ``node``.
 
     Computed once per distinct answer and shared: after a pointer change thousands of woken polls
@@ -346,7 +299,7 @@ def _answer(state: Any, node: str, rows: list[DeploymentRow]) -> tuple[str, byte
          r.canary is not None and in_canary(r.name, node, r.canary_share))
         for r in ordered
     )  # fmt: skip
-    answers: dict[tuple[Any, ...], tuple[str, bytes]] = state.extras.setdefault(_ANSWERS_KEY, {})
+    answers = state.fleet.desired_answers
     found = answers.get(key)
     if found is None:
         wanted = desired_state("", node, ordered)
@@ -356,62 +309,6 @@ def _answer(state: Any, node: str, rows: list[DeploymentRow]) -> tuple[str, byte
             answers.clear()
         answers[key] = found
     return found
-
-
-@nodes_router.get("/{node_id}/desired", response_model=DesiredState)
-async def desired(
-    node_id: str,
-    request: Request,
-    after: Annotated[str | None, Query(max_length=128)] = None,
-    wait: Annotated[float, Query(ge=0, le=3600)] = 0.0,
-    _principal: Principal = Depends(require_node()),
-) -> Response:
-    """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
-    state = request.app.state.ws
-    loop = asyncio.get_running_loop()
-    waited = min(wait, state.settings.long_poll_max_seconds)
-    if waited >= _JITTER_FROM_SECONDS:
-        # Polls answered together (by a pointer change) would otherwise all time out and come
-        # back together too, every time: shortening each wait a little spreads them out.
-        waited *= random.uniform(1 - _JITTER_SHARE, 1)  # spreading load, not secrecy
-    deadline = loop.time() + waited
-    snapshots = snapshots_of(state)
-    # A plain read (no ``after``: an agent that just started or re-registered, or a person) reads
-    # the database, so it shows what is committed; long-polls use the snapshot and cost no query.
-    fresh = after is None
-    name, names = await snapshots.node(node_id, fresh=fresh)
-    await snapshots.ensure(names, fresh=fresh)
-    gauge = metrics_of(state).long_polls_waiting
-    while True:
-        # Watch before computing: nothing can change between the two (no await), so no wake is lost.
-        changed = snapshots.watch(names)
-        try:
-            revision, deployments = _answer(state, name, snapshots.rows(names))
-            remaining = deadline - loop.time()
-            if after is None or revision != after or remaining <= 0:
-                body = b'{"node_id":%s,"revision":"%s","deployments":%s}' % (
-                    json.dumps(node_id).encode(),
-                    revision.encode(),
-                    deployments,
-                )
-                return Response(body, media_type="application/json")
-            gauge.inc()
-            try:
-                await asyncio.wait((changed,), timeout=remaining)
-            finally:
-                gauge.dec()
-        finally:
-            snapshots.unwatch(names, changed)
-
-
-@nodes_router.get("", response_model=list[NodeInfo])
-async def list_nodes(
-    request: Request,
-    deployment: Annotated[str | None, Query(max_length=128)] = None,
-    _principal: Principal = Depends(require(*ANY_ROLE)),
-) -> list[NodeInfo]:
-    """Every registered node (optionally only those serving ``deployment``), with its stale flag."""
-    return await run_in_threadpool(_list_nodes, request.app.state.ws, deployment)
 
 
 # --- deployment status ---------------------------------------------------------------------------
@@ -448,13 +345,13 @@ class _Tally:
         )
 
 
-def _status(state: Any, name: str) -> DeploymentStatus:
+def status_of(state: AppState, name: str) -> DeploymentStatus:
     now = utcnow()
     stale_seconds = state.settings.node_stale_seconds
     with state.sessions() as session:
         row = session.get(DeploymentRow, name)
         if row is None:
-            raise NotFoundError(f"deployment {name!r} does not exist; list deployments with GET /v1/deployments")
+            raise NotFoundError(f"deployment {name!r} does not exist; list deployments with GET /v1/deployments", code="deployment_not_found", fields={"deployment": name})
         nodes = [
             n
             for n in session.scalars(select(NodeRow).order_by(NodeRow.name))
@@ -505,13 +402,3 @@ def _status(state: Any, name: str) -> DeploymentStatus:
     )
 
 
-@status_router.get("/{name}/status", response_model=DeploymentStatus)
-async def deployment_status(
-    name: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
-) -> DeploymentStatus:
-    """How each version of a deployment stands across the fleet's live nodes."""
-    return await run_in_threadpool(_status, request.app.state.ws, name)
-
-
-router.include_router(nodes_router)
-router.include_router(status_router)

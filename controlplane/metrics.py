@@ -3,34 +3,30 @@
 Counters move where things happen (a pointer change, a lost compare-and-swap, a heartbeat);
 fleet gauges (nodes live and stale, each deployment's epoch) are read from the database when
 ``/metrics`` is scraped, so every replica reports the same numbers and nothing drifts.
-``metrics_of(state)`` creates and registers them on first use; call it once at start-up to have
-the gauges exported before any route ran.
+``create_metrics`` creates and registers them on the app's registry at start-up
+(``controlplane.state.AppState.open``), so ``/metrics`` shows every series from the first scrape.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.db import DeploymentRow, NodeRow, utcnow
-from controlplane.registry import database_errors
+from controlplane.persistence.db import DeploymentRow, NodeRow, database_errors, utcnow
 from weightship.errors import TemporaryError
 
-__all__ = ["ControlPlaneMetrics", "FleetCollector", "metrics_of"]
+__all__ = ["ControlPlaneMetrics", "FleetCollector", "create_metrics"]
 
 log = logging.getLogger(__name__)
 
-_KEY = "metrics"
-_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -47,15 +43,16 @@ class ControlPlaneMetrics:
 class FleetCollector(Collector):
     """Scrape-time gauges computed from the database."""
 
-    def __init__(self, state: Any) -> None:
-        self._state = state
+    def __init__(self, sessions: sessionmaker[Session], stale_seconds: float) -> None:
+        self._sessions = sessions
+        self._stale_seconds = stale_seconds
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         """Nodes by freshness and the epoch of every deployment; ``weightship_database_up`` 0 when unreadable."""
-        stale_before = utcnow() - timedelta(seconds=self._state.settings.node_stale_seconds)
+        stale_before = utcnow() - timedelta(seconds=self._stale_seconds)
         up = GaugeMetricFamily("weightship_database_up", "1 when the database answered this scrape, else 0")
         try:
-            with database_errors("reading fleet metrics"), self._state.sessions() as session:
+            with database_errors("reading fleet metrics"), self._sessions() as session:
                 total = session.scalar(select(func.count()).select_from(NodeRow)) or 0
                 live = (
                     session.scalar(select(func.count()).select_from(NodeRow).where(NodeRow.last_seen >= stale_before))
@@ -80,8 +77,9 @@ class FleetCollector(Collector):
         yield epoch
 
 
-def _create(registry: CollectorRegistry, state: Any) -> ControlPlaneMetrics:
-    registry.register(FleetCollector(state))
+def create_metrics(registry: CollectorRegistry, sessions: sessionmaker[Session], stale_seconds: float) -> ControlPlaneMetrics:
+    """Our counters and gauges, registered on ``registry``; fleet gauges read through ``sessions``."""
+    registry.register(FleetCollector(sessions, stale_seconds))
     return ControlPlaneMetrics(
         pointer_changes=Counter(
             "weightship_pointer_changes",
@@ -101,16 +99,3 @@ def _create(registry: CollectorRegistry, state: Any) -> ControlPlaneMetrics:
             "weightship_desired_long_polls", "Desired-state long-polls currently waiting", registry=registry
         ),
     )
-
-
-def metrics_of(state: Any) -> ControlPlaneMetrics:
-    """The metrics of this app (``state`` is its ``AppState``), created on first use."""
-    found: ControlPlaneMetrics | None = state.extras.get(_KEY)
-    if found is not None:
-        return found
-    with _LOCK:
-        found = state.extras.get(_KEY)
-        if found is None:
-            found = _create(state.metrics, state)
-            state.extras[_KEY] = found
-        return found

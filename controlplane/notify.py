@@ -27,12 +27,11 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-__all__ = ["CHANNEL", "DEPLOYMENTS", "RESYNC", "ChangeFeed", "changes_of", "token_topic"]
+__all__ = ["CHANNEL", "DEPLOYMENTS", "RESYNC", "ChangeFeed", "token_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,6 @@ CHANNEL = "weightship_changes"
 DEPLOYMENTS = "deployments"
 RESYNC = "resync"
 _TOKEN_PREFIX = "token:"  # noqa: S105 - a topic prefix, not a secret
-_KEY = "changes"
 #: how long the listener waits for a notification before checking its connection is alive
 _LISTEN_CHECK_SECONDS = 30.0
 _RECONNECT_SECONDS = (0.1, 0.5, 1.0, 2.0, 5.0)
@@ -150,12 +148,3 @@ class ChangeFeed:
                 failures += 1
                 log.warning("change_feed_disconnected error=%s retry_in=%.1f attempt=%d", exc, delay, failures)
                 await asyncio.sleep(delay)
-
-
-def changes_of(state: Any) -> ChangeFeed:
-    """The change feed of this app (``state`` is its ``AppState``), created on first use."""
-    found: ChangeFeed | None = state.extras.get(_KEY)
-    if found is None:
-        found = ChangeFeed(state.engine)
-        state.extras[_KEY] = found
-    return found

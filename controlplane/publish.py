@@ -43,7 +43,7 @@ Sessions expire at ``expires_at`` (``settings.upload_ttl_seconds`` after the las
 of a commit, so a commit that died while verifying frees its session at the latest then). Expired
 sessions are swept (store uploads aborted, staging removed, state ``aborted``) at every open and
 by ``sweep_expired_uploads``, which a periodic task may call. The clock is
-``state.extras["clock"]`` when set, so tests control time.
+``AppState.clock``, so tests control time.
 """
 
 from __future__ import annotations
@@ -55,27 +55,25 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from fastapi import APIRouter, Depends, Request, Response
-from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy import select, update
-from starlette.concurrency import run_in_threadpool
+from sqlalchemy.engine import CursorResult
 
-from controlplane.auth import Principal, require
-from controlplane.db import ModelRow, UploadSessionRow, VersionRow, utcnow
+from controlplane.auth import Principal
+from controlplane.persistence.db import ModelRow, UploadSessionRow, VersionRow, database_errors
+from controlplane.persistence.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
+from controlplane.persistence.store.parts import plan_parts, stat_matches, verify_stored
 from controlplane.registry import (
     check_labels_free,
     claim_label_objects,
-    database_errors,
     known_chunk_lists,
     pickle_files,
     record_chunk_lists,
     record_version,
     version_info,
 )
-from controlplane.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
-from controlplane.store.parts import plan_parts, stat_matches, verify_stored
+from controlplane.state import AppState
 from weightship.digests import sha256_hex
 from weightship.errors import (
     ConflictError,
@@ -83,37 +81,35 @@ from weightship.errors import (
     ManifestError,
     NotFoundError,
     StoreError,
-    ValidationError,
     WeightshipError,
 )
 from weightship.manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, canonical_json, parse_manifest
-from weightship.schemas import BlobUpload, PartUpload, Role, UploadCreate, UploadSession, VersionInfo
+from weightship.schemas import BlobUpload, PartUpload, UploadCreate, UploadSession, VersionInfo
 
-__all__ = ["MAX_REQUEST_BYTES", "clock_of", "commit_session", "open_session", "router", "sweep_expired_uploads"]
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "abandon_session",
+    "commit_session",
+    "open_session",
+    "part_to_upload",
+    "read_session",
+    "sweep_expired_uploads",
+]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/uploads", tags=["publish"])
 
 #: A manifest inside a JSON string may grow by escaping; anything beyond this is refused unread.
 MAX_REQUEST_BYTES = 2 * MAX_MANIFEST_BYTES + 64 * 1024
-_WRITE_BUFFER = 1024 * 1024
 _SWEEP_BATCH = 50
 _POOL = 8
 _CACHE_SIZE = 8
 _CACHE: OrderedDict[str, Manifest] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_PUBLISHER = require(Role.publisher)
 _T = TypeVar("_T")
 _EMPTY_SHA256 = sha256_hex(b"")
 #: sessions in these states still hold store uploads (and expire)
 _LIVE = ("open", "verifying")
-
-
-def clock_of(state: Any) -> Callable[[], datetime]:
-    """The clock sessions expire by: ``state.extras["clock"]`` if set, else the wall clock."""
-    clock: Callable[[], datetime] | None = state.extras.get("clock")
-    return clock if clock is not None else utcnow
 
 
 def _manifest(raw: bytes, digest: str) -> Manifest:
@@ -245,7 +241,7 @@ def _refresh(
 
 
 def _view(
-    state: Any, row: UploadSessionRow, manifest: Manifest, done: Mapping[str, set[int]], now: datetime
+    state: AppState, row: UploadSessionRow, manifest: Manifest, done: Mapping[str, set[int]], now: datetime
 ) -> UploadSession:
     """The API view of a session: per blob, present, or its parts with where to PUT them."""
     store: OriginStore = state.store
@@ -289,13 +285,13 @@ def _view(
     )
 
 
-def open_session(state: Any, principal: Principal, create: UploadCreate) -> tuple[UploadSession, bool]:
+def open_session(state: AppState, principal: Principal, create: UploadCreate) -> tuple[UploadSession, bool]:
     """Open a session for ``create.manifest``, or resume its open one; ``True`` if newly opened."""
     store: OriginStore = state.store
     manifest = parse_manifest(create.manifest.encode("utf-8"))
     store.check_manifest(manifest)
     labels = list(dict.fromkeys(create.labels))
-    now = clock_of(state)()
+    now = state.clock()
     ttl = timedelta(seconds=int(state.settings.upload_ttl_seconds))
     sweep_expired_uploads(state, now=now, limit=_SWEEP_BATCH)
     known = known_chunk_lists(state, [e.sha256 for e in manifest.blobs()], manifest.chunk_size)
@@ -375,7 +371,7 @@ def _abort_all(store: OriginStore, uploads: Mapping[str, str], best_effort: bool
             log.warning("upload_abort_failed blob=%s upload=%s error=%r", sha, upload_id, err.message)
 
 
-def _abort(state: Any, row: UploadSessionRow, reason: str) -> None:
+def _abort(state: AppState, row: UploadSessionRow, reason: str) -> None:
     """Abort the session's store uploads, then mark it aborted (only if still open or verifying)."""
     _abort_all(state.store, row.uploads)
     with database_errors("aborting an upload session"), state.sessions() as session:
@@ -389,12 +385,12 @@ def _abort(state: Any, row: UploadSessionRow, reason: str) -> None:
     log.info("upload_aborted session=%s digest=%s reason=%s", row.id, row.digest, reason)
 
 
-def sweep_expired_uploads(state: Any, now: datetime | None = None, limit: int = 500) -> int:
+def sweep_expired_uploads(state: AppState, now: datetime | None = None, limit: int = 500) -> int:
     """Abort up to ``limit`` open (or verifying) sessions past their expiry; returns how many were aborted.
 
     A store failure leaves that session open for the next sweep rather than failing the caller.
     """
-    now = now or clock_of(state)()
+    now = now or state.clock()
     with database_errors("sweeping upload sessions"), state.sessions() as session:
         rows = session.scalars(
             select(UploadSessionRow)
@@ -412,7 +408,7 @@ def sweep_expired_uploads(state: Any, now: datetime | None = None, limit: int = 
     return swept
 
 
-def _load(state: Any, upload_id: str) -> UploadSessionRow:
+def _load(state: AppState, upload_id: str) -> UploadSessionRow:
     with database_errors(f"reading upload session {upload_id}"), state.sessions() as session:
         row: UploadSessionRow | None = session.get(UploadSessionRow, upload_id)
     if row is None:
@@ -420,7 +416,7 @@ def _load(state: Any, upload_id: str) -> UploadSessionRow:
     return row
 
 
-def _load_open(state: Any, upload_id: str, now: datetime) -> UploadSessionRow:
+def _load_open(state: AppState, upload_id: str, now: datetime) -> UploadSessionRow:
     row = _load(state, upload_id)
     if row.state in _LIVE and row.expires_at <= now:
         _abort(state, row, "expired")
@@ -478,14 +474,17 @@ def _publish_blobs(
     return [e for e in _in_parallel(publish, manifest.blobs()) if e is not None]
 
 
-def _start_verifying(state: Any, row: UploadSessionRow, now: datetime) -> None:
+def _start_verifying(state: AppState, row: UploadSessionRow, now: datetime) -> None:
     """Move the session from open to verifying (compare-and-swap), so that one commit runs at a time."""
     lease = now + timedelta(seconds=int(state.settings.upload_ttl_seconds))
     with database_errors("starting a commit"), state.sessions() as session:
-        moved = session.execute(
-            update(UploadSessionRow)
-            .where(UploadSessionRow.id == row.id, UploadSessionRow.state == "open")
-            .values(state="verifying", expires_at=lease)
+        moved = cast(
+            "CursorResult[Any]",
+            session.execute(
+                update(UploadSessionRow)
+                .where(UploadSessionRow.id == row.id, UploadSessionRow.state == "open")
+                .values(state="verifying", expires_at=lease)
+            ),
         ).rowcount
         session.commit()
     if not moved:
@@ -493,7 +492,7 @@ def _start_verifying(state: Any, row: UploadSessionRow, now: datetime) -> None:
         raise ConflictError(f"upload session {row.id} changed while committing; commit again")
 
 
-def _stop_verifying(state: Any, row: UploadSessionRow) -> None:
+def _stop_verifying(state: AppState, row: UploadSessionRow) -> None:
     """Back to open after a refused or failed commit, so the publisher can fix it and commit again."""
     with database_errors("ending a commit"), state.sessions() as session:
         session.execute(
@@ -504,10 +503,10 @@ def _stop_verifying(state: Any, row: UploadSessionRow) -> None:
         session.commit()
 
 
-def commit_session(state: Any, principal: Principal, upload_id: str) -> VersionInfo:
+def commit_session(state: AppState, principal: Principal, upload_id: str) -> VersionInfo:
     """Verify and publish every blob, write manifest and labels, then record the version as ready."""
     store: OriginStore = state.store
-    now = clock_of(state)()
+    now = state.clock()
     row = _load(state, upload_id)
     if row.state == "committed":
         with database_errors("reading a version"), state.sessions() as session:
@@ -541,7 +540,7 @@ def commit_session(state: Any, principal: Principal, upload_id: str) -> VersionI
 
 
 def _record(
-    state: Any, principal: Principal, row: UploadSessionRow, manifest: Manifest, labels: list[str], now: datetime
+    state: AppState, principal: Principal, row: UploadSessionRow, manifest: Manifest, labels: list[str], now: datetime
 ) -> VersionInfo:
     """Once every blob is verified: manifest, provenance and label objects, the ready row, the session closed."""
     store: OriginStore = state.store
@@ -569,48 +568,24 @@ def _record(
 # --- routes -------------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    too_big = f"request body exceeds {limit} bytes: a manifest may be at most {MAX_MANIFEST_BYTES} bytes"
-    if declared.isdigit() and int(declared) > limit:
-        raise ManifestError(too_big)
-    body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise ManifestError(too_big)
-    return bytes(body)
+def part_to_upload(state: AppState, upload_id: str, sha256: str, number: int) -> tuple[str, PartSpec]:
+    row = _load_open(state, upload_id, state.clock())
+    manifest = _manifest(row.manifest, row.digest)
+    entry = next((e for e in manifest.files if e.sha256 == sha256), None)
+    if entry is None:
+        raise NotFoundError(f"blob {sha256} is not part of the manifest of upload session {upload_id}")
+    upload = row.uploads.get(sha256)
+    if upload is None:
+        raise ConflictError(f"blob {sha256} is already in the store; it needs no upload")
+    parts = plan_parts(entry, manifest.chunk_size)
+    if not 1 <= number <= len(parts):
+        raise NotFoundError(f"blob {sha256} has parts 1 to {len(parts)}, not {number}")
+    return upload, parts[number - 1]
 
 
-@router.post(
-    "",
-    response_model=UploadSession,
-    status_code=201,
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": UploadCreate.model_json_schema()}}}
-    },
-)
-async def create_upload(
-    request: Request, response: Response, principal: Principal = Depends(_PUBLISHER)
-) -> UploadSession:
-    """Open a publish session (201), or resume the open one for the same manifest (200)."""
-    body = await _read_body(request, MAX_REQUEST_BYTES)
-    try:
-        create = UploadCreate.model_validate_json(body)
-    except PydanticValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise ValidationError(f"{where}: {first.get('msg', 'invalid')}") from None
-    session, created = await run_in_threadpool(open_session, request.app.state.ws, principal, create)
-    response.status_code = 201 if created else 200
-    return session
-
-
-@router.get("/{upload_id}", response_model=UploadSession)
-def get_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> UploadSession:
+def read_session(state: AppState, upload_id: str) -> UploadSession:
     """A session with fresh part URLs and ``done`` flags; ``state`` is ``verifying`` while a commit checks its blobs."""
-    state = request.app.state.ws
-    now = clock_of(state)()
+    now = state.clock()
     row = _load(state, upload_id)
     manifest = _manifest(row.manifest, row.digest)
     if row.state in _LIVE and row.expires_at <= now:
@@ -627,65 +602,10 @@ def get_upload(upload_id: str, request: Request, _principal: Principal = Depends
     return _view(state, row, manifest, done, now)
 
 
-def _part(state: Any, upload_id: str, sha256: str, number: int) -> tuple[str, PartSpec]:
-    row = _load_open(state, upload_id, clock_of(state)())
-    manifest = _manifest(row.manifest, row.digest)
-    entry = next((e for e in manifest.files if e.sha256 == sha256), None)
-    if entry is None:
-        raise NotFoundError(f"blob {sha256} is not part of the manifest of upload session {upload_id}")
-    upload = row.uploads.get(sha256)
-    if upload is None:
-        raise ConflictError(f"blob {sha256} is already in the store; it needs no upload")
-    parts = plan_parts(entry, manifest.chunk_size)
-    if not 1 <= number <= len(parts):
-        raise NotFoundError(f"blob {sha256} has parts 1 to {len(parts)}, not {number}")
-    return upload, parts[number - 1]
-
-
-@router.put("/{upload_id}/blobs/{sha256}/parts/{number}", status_code=204, response_class=Response)
-async def put_part(
-    upload_id: str, sha256: str, number: int, request: Request, _principal: Principal = Depends(_PUBLISHER)
-) -> Response:
-    """Stream one part to the local store's staging; kept only if its length and SHA-256 match."""
-    state = request.app.state.ws
-    store: OriginStore = state.store
-    store_upload, spec = await run_in_threadpool(_part, state, upload_id, sha256, number)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) != spec.length:
-        raise IntegrityError(
-            f"part {number} of blob {sha256} must be {spec.length} bytes, the request declares {declared} "
-            "(truncated or oversized upload); send exactly the chunk's bytes"
-        )
-    writer = await run_in_threadpool(store.open_part, sha256, store_upload, spec)
-    try:
-        buffer = bytearray()
-        async for piece in request.stream():
-            buffer += piece
-            if len(buffer) >= _WRITE_BUFFER:
-                await run_in_threadpool(writer.write, bytes(buffer))
-                buffer.clear()
-        if buffer:
-            await run_in_threadpool(writer.write, bytes(buffer))
-        await run_in_threadpool(writer.finish)
-    except BaseException:
-        writer.discard()
-        raise
-    return Response(status_code=204)
-
-
-@router.post("/{upload_id}/commit", response_model=VersionInfo)
-def commit_upload(upload_id: str, request: Request, principal: Principal = Depends(_PUBLISHER)) -> VersionInfo:
-    """Verify every blob and make the version ready (see the module docstring)."""
-    return commit_session(request.app.state.ws, principal, upload_id)
-
-
-@router.delete("/{upload_id}", status_code=204, response_class=Response)
-def delete_upload(upload_id: str, request: Request, _principal: Principal = Depends(_PUBLISHER)) -> Response:
-    """Abandon a session: its store uploads are aborted and its parts discarded."""
-    state = request.app.state.ws
+def abandon_session(state: AppState, upload_id: str) -> None:
+    """Abandon a session: its store uploads are aborted and its parts discarded; a committed one is a 409."""
     row = _load(state, upload_id)
     if row.state == "committed":
         raise ConflictError(f"upload session {upload_id} is committed; a committed version is never deleted")
     if row.state == "open":
         _abort(state, row, "deleted")
-    return Response(status_code=204)

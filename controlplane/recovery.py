@@ -39,11 +39,19 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane import migrate
-from controlplane.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
-from controlplane.registry import as_utc, database_errors, pickle_files
-from controlplane.store import OriginStore, provenance_key, store_from_url
-from controlplane.store.origin import BLOBS, LABELS, MANIFESTS
+from controlplane.persistence import migrate
+from controlplane.persistence.db import (
+    LabelRow,
+    ModelRow,
+    VersionRow,
+    database_errors,
+    make_engine,
+    make_sessionmaker,
+    utcnow,
+)
+from controlplane.persistence.store import OriginStore, provenance_key, store_from_url
+from controlplane.persistence.store.origin import BLOBS, LABELS, MANIFESTS
+from controlplane.registry import as_utc, pickle_files
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, ManifestError, NotFoundError, WeightshipError
 from weightship.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest

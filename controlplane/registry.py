@@ -9,85 +9,50 @@ claimed twice, in this order: a write-once ``labels/<model>/<label>`` object in 
 labels survive the loss of the database, see ``recovery``), then its row. Labels never move: a
 label already naming another digest is a ``ConflictError`` (409) at either step.
 
-Routes (all under ``/v1``):
-
-- ``GET /models``, ``GET /models/{model}/versions``, ``GET /models/{model}/versions/{ref}``
-  (``ref``: a label or ``sha256:<hex>``) — any role;
-- ``GET /models/{model}/versions/{ref}/manifest`` — the manifest bytes exactly as stored, checked
-  against the digest on the way out, ``ETag`` = the digest (``If-None-Match`` gives 304);
-- ``POST /models/{model}/labels`` — publisher;
-- ``POST /blobs/urls`` — agent or operator: short-lived read URLs, presigned S3 GETs or, for the
-  local store, ``GET /blobs/{sha256}?expires=&sig=`` served here with HTTP range support and no
-  token (the HMAC signature authorises it; ``store.signing``).
+Its routes are in ``controlplane.http.registry``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import PurePosixPath
-from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import FileResponse
-from sqlalchemy import exc, func, select
+from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
-from controlplane.auth import ANY_ROLE, Principal, require
-from controlplane.db import BlobChunksRow, LabelRow, ModelRow, VersionRow
-from controlplane.store import LocalStore, OriginStore, label_key, manifest_key
-from controlplane.store.signing import signed_blob_url, verify_blob_signature
-from weightship.digests import hex_of, is_hex, parse_digest, sha256_hex
-from weightship.errors import ConflictError, DatabaseUnavailable, IntegrityError, NotFoundError
+from controlplane.persistence.db import BlobChunksRow, LabelRow, ModelRow, VersionRow, database_errors
+from controlplane.persistence.store import OriginStore, label_key
+from controlplane.state import AppState
+from weightship.digests import parse_digest
+from weightship.errors import ConflictError, NotFoundError
 from weightship.manifest import (
-    MAX_MANIFEST_BYTES,
     PICKLE_SUFFIXES,
     FileEntry,
     Manifest,
     canonical_json,
-    check_model_name,
 )
-from weightship.schemas import INT64_MAX, BlobURL, BlobURLRequest, BlobURLs, LabelCreate, ModelInfo, Role, VersionInfo
+from weightship.schemas import VersionInfo
 
 __all__ = [
     "as_utc",
     "check_labels_free",
     "claim_label_objects",
-    "database_errors",
+    "info_with_labels",
     "known_chunk_lists",
     "pickle_files",
     "record_chunk_lists",
     "record_version",
     "resolve_version",
-    "router",
     "version_info",
 ]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1", tags=["registry"])
 
 _LABEL_OBJECT_MAX = 64 * 1024
-_IMMUTABLE = "private, max-age=31536000, immutable"
-
-
-@contextmanager
-def database_errors(what: str) -> Iterator[None]:
-    """Map SQLAlchemy's connection-level failures of ``what`` (locked, timed out, unreachable) to 503."""
-    try:
-        yield
-    except (exc.OperationalError, exc.InterfaceError) as err:
-        raise DatabaseUnavailable(
-            f"{what}: the database is unavailable or busy ({type(err.orig).__name__}: {err.orig}); retry shortly"
-        ) from None
-    except exc.TimeoutError:
-        raise DatabaseUnavailable(
-            f"{what}: every database connection is in use (pool timeout); the control plane is overloaded, retry shortly"
-        ) from None
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -98,10 +63,10 @@ def as_utc(moment: datetime) -> datetime:
 def version_info(session: Session, row: VersionRow) -> VersionInfo:
     """The API view of a version row, with its labels."""
     labels = session.scalars(select(LabelRow.label).where(LabelRow.digest == row.digest).order_by(LabelRow.label))
-    return _info(row, list(labels))
+    return info_with_labels(row, list(labels))
 
 
-def _info(row: VersionRow, labels: Sequence[str]) -> VersionInfo:
+def info_with_labels(row: VersionRow, labels: Sequence[str]) -> VersionInfo:
     return VersionInfo(
         model=row.model,
         digest=row.digest,
@@ -120,12 +85,18 @@ def resolve_version(session: Session, model: str, ref: str) -> VersionRow:
         parse_digest(ref)
         row = session.get(VersionRow, ref)
         if row is None or row.model != model:
-            raise NotFoundError(f"model {model!r} has no version {ref}; list them with GET /v1/models/{model}/versions")
+            raise NotFoundError(
+                f"model {model!r} has no version {ref}; list them with GET /v1/models/{model}/versions",
+                code="version_not_found",
+                fields={"model": model, "version": ref},
+            )
         return row
     label = session.get(LabelRow, (model, ref))
     if label is None:
         raise NotFoundError(
-            f"model {model!r} has no label {ref!r}; list its versions with GET /v1/models/{model}/versions"
+            f"model {model!r} has no label {ref!r}; list its versions with GET /v1/models/{model}/versions",
+            code="version_not_found",
+            fields={"model": model, "version": ref},
         )
     row = session.get(VersionRow, label.digest)
     if row is None:  # the foreign key makes this impossible
@@ -140,7 +111,9 @@ def check_labels_free(session: Session, model: str, digest: str, labels: Sequenc
         if row is not None and row.digest != digest:
             raise ConflictError(
                 f"label {label!r} of model {model!r} already names {row.digest}; labels never move to other "
-                "content: choose a new label"
+                "content: choose a new label",
+                code="label_taken",
+                fields={"model": model, "label": label, "digest": row.digest},
             )
 
 
@@ -157,7 +130,9 @@ def claim_label_objects(
         if existing.get("digest") != digest:
             raise ConflictError(
                 f"label {label!r} of model {model!r} already names {existing.get('digest')} in the store; labels "
-                "never move to other content: choose a new label"
+                "never move to other content: choose a new label",
+                code="label_taken",
+                fields={"model": model, "label": label, "digest": existing.get("digest")},
             )
 
 
@@ -167,7 +142,7 @@ def pickle_files(manifest: Manifest) -> list[str]:
 
 
 def record_version(
-    state: Any, manifest: Manifest, labels: Sequence[str], actor: str, now: datetime, allow_pickle: bool
+    state: AppState, manifest: Manifest, labels: Sequence[str], actor: str, now: datetime, allow_pickle: bool
 ) -> VersionInfo:
     """Insert (or find) the ready version row and its label rows, in one transaction.
 
@@ -217,7 +192,7 @@ def record_version(
     raise ConflictError(f"version {manifest.digest} is being recorded by a concurrent publish; commit again")
 
 
-def known_chunk_lists(state: Any, blobs: Sequence[str], chunk_size: int) -> dict[str, list[str]]:
+def known_chunk_lists(state: AppState, blobs: Sequence[str], chunk_size: int) -> dict[str, list[str]]:
     """``{blob sha256: verified chunk digests}`` of those of ``blobs`` verified at ``chunk_size``."""
     if not blobs:
         return {}
@@ -228,7 +203,7 @@ def known_chunk_lists(state: Any, blobs: Sequence[str], chunk_size: int) -> dict
     return {row.sha256: list(row.chunks) for row in rows}
 
 
-def record_chunk_lists(state: Any, entries: Sequence[FileEntry], chunk_size: int, now: datetime) -> None:
+def record_chunk_lists(state: AppState, entries: Sequence[FileEntry], chunk_size: int, now: datetime) -> None:
     """Record the chunk lists of ``entries``, whose every byte was just verified at ``chunk_size``.
 
     A list already recorded stays: it was verified from the same bytes, so it is the same list.
@@ -264,156 +239,3 @@ def record_chunk_lists(state: Any, entries: Sequence[FileEntry], chunk_size: int
 # --- routes -------------------------------------------------------------------------------------
 
 
-@router.get("/models", response_model=list[ModelInfo])
-def list_models(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[ModelInfo]:
-    """Every model, with its number of versions."""
-    state = request.app.state.ws
-    counts = select(VersionRow.model, func.count().label("n")).group_by(VersionRow.model).subquery()
-    with database_errors("listing models"), state.sessions() as session:
-        rows = session.execute(
-            select(ModelRow, counts.c.n).outerjoin(counts, counts.c.model == ModelRow.name).order_by(ModelRow.name)
-        ).all()
-    return [
-        ModelInfo(name=m.name, versions=int(n or 0), allow_pickle=m.allow_pickle, created_at=m.created_at)
-        for m, n in rows
-    ]
-
-
-def _model(session: Session, name: str) -> ModelRow:
-    check_model_name(name)
-    row = session.get(ModelRow, name)
-    if row is None:
-        raise NotFoundError(f"model {name!r} does not exist; publish a version of it first")
-    return row
-
-
-@router.get("/models/{model}/versions", response_model=list[VersionInfo])
-def list_versions(
-    model: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
-) -> list[VersionInfo]:
-    """The model's versions, newest first, each with its labels."""
-    state = request.app.state.ws
-    with database_errors(f"listing versions of {model}"), state.sessions() as session:
-        _model(session, model)
-        rows = session.scalars(
-            select(VersionRow)
-            .where(VersionRow.model == model)
-            .order_by(VersionRow.created_at.desc(), VersionRow.digest)
-        ).all()
-        labels: dict[str, list[str]] = {}
-        for label in session.scalars(select(LabelRow).where(LabelRow.model == model).order_by(LabelRow.label)):
-            labels.setdefault(label.digest, []).append(label.label)
-    return [_info(row, labels.get(row.digest, [])) for row in rows]
-
-
-@router.get("/models/{model}/versions/{ref}", response_model=VersionInfo)
-def get_version(
-    model: str, ref: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
-) -> VersionInfo:
-    """One version, by label or digest."""
-    state = request.app.state.ws
-    with database_errors(f"reading {model}@{ref}"), state.sessions() as session:
-        _model(session, model)
-        return version_info(session, resolve_version(session, model, ref))
-
-
-@router.get("/models/{model}/versions/{ref}/manifest", response_class=Response)
-def get_manifest(
-    model: str,
-    ref: str,
-    request: Request,
-    if_none_match: str | None = Header(default=None),
-    _principal: Principal = Depends(require(*ANY_ROLE)),
-) -> Response:
-    """The manifest bytes exactly as stored; ``ETag`` is the version digest."""
-    state = request.app.state.ws
-    with database_errors(f"reading {model}@{ref}"), state.sessions() as session:
-        _model(session, model)
-        digest = resolve_version(session, model, ref).digest
-    etag = f'"{digest}"'
-    if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
-        return Response(status_code=304, headers={"ETag": etag, "Cache-Control": _IMMUTABLE})
-    raw = state.store.get_bytes(manifest_key(digest), MAX_MANIFEST_BYTES)
-    if sha256_hex(raw) != hex_of(digest):
-        raise IntegrityError(
-            f"the stored manifest of {digest} does not hash to its digest; the origin store is corrupt: "
-            "restore manifests/sha256/ from a backup"
-        )
-    return Response(content=raw, media_type="application/json", headers={"ETag": etag, "Cache-Control": _IMMUTABLE})
-
-
-@router.post("/models/{model}/labels", response_model=VersionInfo)
-def add_label(
-    model: str,
-    body: LabelCreate,
-    request: Request,
-    response: Response,
-    principal: Principal = Depends(require(Role.publisher)),
-) -> VersionInfo:
-    """Label a ready version; the same label again on the same digest is a no-op, elsewhere a 409."""
-    state = request.app.state.ws
-    with database_errors(f"labelling {model}"), state.sessions() as session:
-        _model(session, model)
-        row = resolve_version(session, model, body.digest)
-        if row.state != "ready":
-            raise ConflictError(f"version {row.digest} is {row.state!r}; only ready versions can be labelled")
-        existing = session.get(LabelRow, (model, body.label))
-        if existing is not None and existing.digest == body.digest:
-            return version_info(session, row)
-        check_labels_free(session, model, body.digest, [body.label])
-    now = datetime.now(UTC)
-    claim_label_objects(state.store, model, [body.label], body.digest, principal.name, now)
-    with database_errors(f"labelling {model}"), state.sessions() as session:
-        try:
-            session.add(
-                LabelRow(model=model, label=body.label, digest=body.digest, created_at=now, created_by=principal.name)
-            )
-            session.commit()
-        except exc.IntegrityError:
-            session.rollback()
-            check_labels_free(session, model, body.digest, [body.label])
-        log.info("label_added model=%s label=%s digest=%s by=%s", model, body.label, body.digest, principal.name)
-        response.status_code = 201
-        return version_info(session, resolve_version(session, model, body.digest))
-
-
-@router.post("/blobs/urls", response_model=BlobURLs)
-def blob_urls(
-    body: BlobURLRequest, request: Request, _principal: Principal = Depends(require(Role.agent, Role.operator))
-) -> BlobURLs:
-    """Short-lived read URLs for blobs: presigned S3 GETs, or signed URLs served by this API."""
-    state = request.app.state.ws
-    ttl = int(state.settings.blob_url_ttl_seconds)
-    now = time.time()
-    expires = int(now) + ttl
-    expires_at = datetime.fromtimestamp(expires, UTC)
-    urls: dict[str, BlobURL] = {}
-    for sha in dict.fromkeys(body.blobs):
-        url = state.store.read_url(sha, ttl)
-        if url is None:
-            url = signed_blob_url(state.settings.public_url, state.settings.url_signing_key, sha, expires)
-        urls[sha] = BlobURL(url=url, expires_at=expires_at - timedelta(seconds=1))
-    return BlobURLs(urls=urls)
-
-
-@router.head("/blobs/{sha256}", response_class=FileResponse, include_in_schema=False)
-@router.get("/blobs/{sha256}", response_class=FileResponse)
-def read_blob(
-    sha256: str, request: Request, expires: int = Query(..., ge=0, le=INT64_MAX), sig: str = Query(..., max_length=128)
-) -> FileResponse:
-    """A blob of the local store, on a signed URL; HTTP range requests are served from the file."""
-    state = request.app.state.ws
-    store = state.store
-    if not is_hex(sha256):
-        raise NotFoundError(f"{sha256!r} is not a blob name (64 lowercase hex)")
-    verify_blob_signature(state.settings.url_signing_key, sha256, expires, sig, time.time())
-    if not isinstance(store, LocalStore):
-        raise NotFoundError("this control plane's store is S3: read blobs from presigned URLs (POST /v1/blobs/urls)")
-    path = store.blob_path(sha256)
-    if not path.is_file():
-        raise NotFoundError(f"blob {sha256} is not in the store")
-    return FileResponse(
-        path,
-        media_type="application/octet-stream",
-        headers={"ETag": f'"{sha256}"', "Cache-Control": _IMMUTABLE},
-    )

@@ -10,12 +10,31 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
+
+from weightship.errors import ValidationError
 
 __all__ = ["Settings"]
 
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _number(name: str, default: str, kind: type[_N]) -> _N:
+    """The number in environment variable ``name``; a ``ValidationError`` naming it when it is not one."""
+    text = _env(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValidationError(f"{name} is {text!r}, not {what}: set it to one (default {default}) or unset it") from None
+    if not value >= 0:  # also refuses NaN
+        raise ValidationError(f"{name} is {text!r}: it must be 0 or more (default {default})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -38,31 +57,31 @@ class Settings:
     #: base URL at which agents and clients reach this control plane; ``serve`` derives it from the
     #: address it binds when WEIGHTSHIP_PUBLIC_URL is unset (this default serves in-process apps)
     public_url: str = field(default_factory=lambda: _env("WEIGHTSHIP_PUBLIC_URL", "http://127.0.0.1:8080"))
-    upload_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_UPLOAD_TTL", "86400")))
+    upload_ttl_seconds: int = field(default_factory=lambda: _number("WEIGHTSHIP_UPLOAD_TTL", "86400", int))
     #: how often abandoned publish sessions are looked for and aborted
-    upload_sweep_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_UPLOAD_SWEEP_SECONDS", "300")))
-    blob_url_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_BLOB_URL_TTL", "3600")))
-    node_stale_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_NODE_STALE_SECONDS", "30")))
-    long_poll_max_seconds: float = field(default_factory=lambda: float(_env("WEIGHTSHIP_LONG_POLL_MAX", "30")))
+    upload_sweep_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_UPLOAD_SWEEP_SECONDS", "300", float))
+    blob_url_ttl_seconds: int = field(default_factory=lambda: _number("WEIGHTSHIP_BLOB_URL_TTL", "3600", int))
+    node_stale_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_NODE_STALE_SECONDS", "30", float))
+    long_poll_max_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_LONG_POLL_MAX", "30", float))
     #: how long a statement waits for a database lock (SQLite busy timeout, PostgreSQL lock_timeout)
     #: before the request fails fast with 503 + Retry-After instead of stalling
     database_lock_timeout_seconds: float = field(
-        default_factory=lambda: float(_env("WEIGHTSHIP_DATABASE_LOCK_TIMEOUT", "2"))
+        default_factory=lambda: _number("WEIGHTSHIP_DATABASE_LOCK_TIMEOUT", "2", float)
     )
     #: how long a request waits for a free pooled connection before answering 503
     database_pool_timeout_seconds: float = field(
-        default_factory=lambda: float(_env("WEIGHTSHIP_DATABASE_POOL_TIMEOUT", "3"))
+        default_factory=lambda: _number("WEIGHTSHIP_DATABASE_POOL_TIMEOUT", "3", float)
     )
     #: pooled connections kept open (PostgreSQL and SQLite files); up to as many again on bursts
-    database_pool_size: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_DATABASE_POOL_SIZE", "10")))
+    database_pool_size: int = field(default_factory=lambda: _number("WEIGHTSHIP_DATABASE_POOL_SIZE", "10", int))
     #: PostgreSQL ``statement_timeout``: no single statement may run longer than this
     database_statement_timeout_seconds: float = field(
-        default_factory=lambda: float(_env("WEIGHTSHIP_DATABASE_STATEMENT_TIMEOUT", "30"))
+        default_factory=lambda: _number("WEIGHTSHIP_DATABASE_STATEMENT_TIMEOUT", "30", float)
     )
     #: lifetime of an entitlement ticket (``controlplane.tickets``); agents renew at half of it
     ticket_ttl_seconds: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_TICKET_TTL", "600")))
     #: largest request body accepted on routes without a limit of their own (``controlplane.limits``)
-    max_body_bytes: int = field(default_factory=lambda: int(_env("WEIGHTSHIP_MAX_BODY_BYTES", str(64 * 1024))))
+    max_body_bytes: int = field(default_factory=lambda: _number("WEIGHTSHIP_MAX_BODY_BYTES", str(64 * 1024), int))
 
     def local_store_path(self) -> Path | None:
         """The directory of a ``local:`` store, else ``None``."""

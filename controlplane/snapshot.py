@@ -31,8 +31,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.db import DeploymentRow, NodeRow
-from controlplane.notify import DEPLOYMENTS, RESYNC, changes_of
+from controlplane.notify import DEPLOYMENTS, RESYNC
+from controlplane.persistence.db import DeploymentRow, NodeRow
 from weightship.errors import NotFoundError
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "RECHECK_SECONDS",
     "NodeIdentity",
     "Snapshots",
-    "snapshots_of",
     "unknown_node",
 ]
 
@@ -52,7 +51,6 @@ RECHECK_SECONDS = 5.0
 #: beyond these sizes the caches drop what nobody waits on (node names come from agents)
 MAX_DEPLOYMENTS = 10_000
 MAX_NODES = 200_000
-_KEY = "snapshots"
 
 #: a node's name and the deployments it serves, in its registration's order
 NodeIdentity = tuple[str, tuple[str, ...]]
@@ -72,7 +70,11 @@ def _read_deployments(sessions: sessionmaker[Session], names: Sequence[str]) -> 
 
 def unknown_node(node_id: str) -> NotFoundError:
     """The error for a node id that is not registered."""
-    return NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+    return NotFoundError(
+        f"node {node_id!r} is not registered; register again with POST /v1/nodes/register",
+        code="node_not_registered",
+        fields={"node_id": node_id},
+    )
 
 
 def _read_node(sessions: sessionmaker[Session], node_id: str) -> NodeIdentity:
@@ -200,13 +202,3 @@ class Snapshots:
     def _trim(self) -> None:
         if len(self._rows) >= MAX_DEPLOYMENTS:
             self._rows = {n: r for n, r in self._rows.items() if n in self._waiters}
-
-
-def snapshots_of(state: Any) -> Snapshots:
-    """The snapshots of this app (``state`` is its ``AppState``), subscribed to its change feed."""
-    found: Snapshots | None = state.extras.get(_KEY)
-    if found is None:
-        found = Snapshots(state.sessions)
-        changes_of(state).subscribe(found.on_change)
-        state.extras[_KEY] = found
-    return found

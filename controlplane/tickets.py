@@ -28,20 +28,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fastapi import APIRouter, Depends, Request
 from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from controlplane.auth import ANY_ROLE, Principal, require
-from controlplane.db import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
+from controlplane.persistence.db import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
+from controlplane.state import AppState, SigningKeys
 from weightship.errors import ForbiddenError, NotFoundError
-from weightship.schemas import Role, TicketGrant, TicketKeys, TicketRequest
+from weightship.schemas import TicketGrant
 from weightship.tickets import (
     Ticket,
     key_id,
@@ -52,23 +47,12 @@ from weightship.tickets import (
     sign_ticket,
 )
 
-__all__ = ["KEY_REFRESH_SECONDS", "entitled_versions", "issue_ticket", "router", "signing_key"]
+__all__ = ["KEY_REFRESH_SECONDS", "SigningKeys", "entitled_versions", "issue_ticket", "signing_key"]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/tickets", tags=["tickets"])
-
 #: how long a replica signs with the key it read before reading the table again (rotation, races)
 KEY_REFRESH_SECONDS = 60.0
-_KEY_CACHE = "ticket_signing_key"
-
-
-@dataclass(frozen=True, slots=True)
-class _Keys:
-    kid: str
-    private: Ed25519PrivateKey
-    public: dict[str, str]
-    read_at: float
 
 
 def _read_keys(session: Session) -> list[TicketKeyRow]:
@@ -81,7 +65,7 @@ def _read_keys(session: Session) -> list[TicketKeyRow]:
     )
 
 
-def _load_or_create(state: Any) -> _Keys:
+def _load_or_create(state: AppState) -> SigningKeys:
     with state.sessions() as session:
         rows = _read_keys(session)
         if not rows:
@@ -103,7 +87,7 @@ def _load_or_create(state: Any) -> _Keys:
                 session.rollback()
             rows = _read_keys(session)
     oldest = rows[0]
-    return _Keys(
+    return SigningKeys(
         kid=oldest.kid,
         private=load_private_key(oldest.private_key),
         public={row.kid: row.public_key for row in rows},
@@ -111,12 +95,12 @@ def _load_or_create(state: Any) -> _Keys:
     )
 
 
-def signing_key(state: Any) -> _Keys:
+def signing_key(state: AppState) -> SigningKeys:
     """The key tickets are signed with now, and every published public key; created on first use."""
-    cached: _Keys | None = state.extras.get(_KEY_CACHE)
+    cached = state.ticket_keys
     if cached is None or time.monotonic() - cached.read_at > KEY_REFRESH_SECONDS:
         cached = _load_or_create(state)
-        state.extras[_KEY_CACHE] = cached
+        state.ticket_keys = cached
     return cached
 
 
@@ -135,13 +119,13 @@ def entitled_versions(session: Session, node: NodeRow) -> set[str]:
     }
 
 
-def issue_ticket(state: Any, node_id: str, versions: list[str], now: float | None = None) -> TicketGrant:
+def issue_ticket(state: AppState, node_id: str, versions: list[str], now: float | None = None) -> TicketGrant:
     """A ticket naming node ``node_id`` and ``versions``, or ``ForbiddenError`` naming what it may not have."""
     wanted = sorted(set(versions))
     with state.sessions() as session:
         node = session.get(NodeRow, node_id)
         if node is None:
-            raise NotFoundError(f"node {node_id!r} is not registered; register again with POST /v1/nodes/register")
+            raise NotFoundError(f"node {node_id!r} is not registered; its agent registers again on its next start")
         entitled = entitled_versions(session, node)
         ready = set(
             session.scalars(select(VersionRow.digest).where(VersionRow.digest.in_(wanted), VersionRow.state == "ready"))
@@ -172,29 +156,3 @@ def issue_ticket(state: Any, node_id: str, versions: list[str], now: float | Non
         expires_at=datetime.fromtimestamp(ticket.exp, UTC),
         keys=dict(keys.public),
     )
-
-
-def _node_token(principal: Principal = Depends(require(Role.agent))) -> Principal:
-    """A node token, and nothing else: not even an admin's, since a ticket must name a node."""
-    if principal.role != Role.agent or principal.node_id is None:
-        raise ForbiddenError(
-            f"token {principal.name!r} is not a node token: tickets name the node they are issued to, so only "
-            "a node's own node token (returned by POST /v1/nodes/enrol) can ask for one"
-        )
-    return principal
-
-
-@router.post("", response_model=TicketGrant)
-async def create_ticket(
-    body: TicketRequest, request: Request, principal: Principal = Depends(_node_token)
-) -> TicketGrant:
-    """A ticket for the calling node itself (node token only), for versions it is entitled to."""
-    assert principal.node_id is not None
-    return await run_in_threadpool(issue_ticket, request.app.state.ws, principal.node_id, body.versions)
-
-
-@router.get("/keys", response_model=TicketKeys)
-async def ticket_keys(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> TicketKeys:
-    """The public keys tickets are signed with (key id -> raw ed25519 key, base64url)."""
-    keys = await run_in_threadpool(signing_key, request.app.state.ws)
-    return TicketKeys(keys=dict(keys.public))

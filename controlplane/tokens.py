@@ -19,23 +19,29 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response, status
-from sqlalchemy import exc, select, update
+from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
-from controlplane.auth import ANY_ROLE, Principal, hash_secret, new_secret, require
-from controlplane.authcache import announce_revoked
-from controlplane.db import NodeRow, TokenRow, utcnow
-from weightship.errors import ConflictError, NotFoundError
-from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo
+from controlplane.auth import hash_secret, new_secret
+from controlplane.notify import token_topic
+from controlplane.persistence.db import NodeRow, TokenRow, utcnow
+from controlplane.state import AppState
+from weightship.errors import ConflictError
+from weightship.schemas import Role, TokenInfo
 
-__all__ = ["BOOTSTRAP_NAME", "active_node_token", "bootstrap_admin", "mint_node_token", "router"]
+__all__ = [
+    "BOOTSTRAP_NAME",
+    "active_node_token",
+    "announce_revoked",
+    "bootstrap_admin",
+    "mint_node_token",
+    "new_token_row",
+    "token_info",
+]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
 
 BOOTSTRAP_NAME = "bootstrap-admin"
 _MIN_BOOTSTRAP_LENGTH = 16
@@ -45,7 +51,7 @@ def _new_id() -> str:
     return secrets.token_hex(8)
 
 
-def bootstrap_admin(state: Any) -> None:
+def bootstrap_admin(state: AppState) -> None:
     """Store the hash of ``settings.admin_token`` as an admin token, once; nothing when it is empty."""
     secret: str = state.settings.admin_token
     if not secret:
@@ -97,12 +103,12 @@ def mint_node_token(session: Session, node: NodeRow, by: str, secret: str | None
     secret = secret or new_secret()
     if session.scalars(select(TokenRow.id).where(TokenRow.secret_hash == hash_secret(secret))).first() is not None:
         raise ConflictError("the proposed node token is already in use: generate another secret and enrol again")
-    row = _new_row(node.name, Role.agent, secret, by, node_id=node.id)
+    row = new_token_row(node.name, Role.agent, secret, by, node_id=node.id)
     session.add(row)
     return row, secret
 
 
-def _new_row(name: str, role: Role, secret: str, by: str, node_id: str | None = None) -> TokenRow:
+def new_token_row(name: str, role: Role, secret: str, by: str, node_id: str | None = None) -> TokenRow:
     return TokenRow(
         id=_new_id(),
         name=name,
@@ -115,7 +121,7 @@ def _new_row(name: str, role: Role, secret: str, by: str, node_id: str | None = 
     )
 
 
-def _info(row: TokenRow) -> TokenInfo:
+def token_info(row: TokenRow) -> TokenInfo:
     return TokenInfo(
         id=row.id,
         name=row.name,
@@ -126,50 +132,10 @@ def _info(row: TokenRow) -> TokenInfo:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
-def create_token(
-    body: TokenCreate, request: Request, principal: Principal = Depends(require(Role.admin))
-) -> TokenCreated:
-    """Mint a token for a role; the secret is in this response only."""
-    secret = new_secret()
-    row = _new_row(body.name, body.role, secret, principal.name)
-    with request.app.state.ws.sessions() as session:
-        session.add(row)
-        session.commit()
-    log.info("token_created token_id=%s name=%r role=%s by=%s", row.id, row.name, row.role, principal.name)
-    return TokenCreated(id=row.id, name=row.name, role=body.role, token=secret)
+def announce_revoked(state: AppState, token_id: str) -> None:
+    """After token ``token_id``'s revocation is committed: forget it here at once, and in every other process.
 
-
-@router.get("", response_model=list[TokenInfo])
-def list_tokens(request: Request, _principal: Principal = Depends(require(Role.admin))) -> list[TokenInfo]:
-    """Every token that is not revoked, oldest first, without secrets."""
-    with request.app.state.ws.sessions() as session:
-        rows = session.scalars(
-            select(TokenRow).where(TokenRow.revoked.is_(False)).order_by(TokenRow.created_at, TokenRow.id)
-        ).all()
-        return [_info(row) for row in rows]
-
-
-@router.get("/self", response_model=TokenInfo)
-def who_am_i(request: Request, principal: Principal = Depends(require(*ANY_ROLE))) -> TokenInfo:
-    """The caller's own token (any role): lets a client check URL, token and role before long work."""
-    with request.app.state.ws.sessions() as session:
-        row = session.get(TokenRow, principal.token_id)
-    if row is None:  # revoked and deleted between the two reads; tokens are never deleted today
-        raise NotFoundError(f"token {principal.token_id!r} no longer exists; ask an admin for a new one")
-    return _info(row)
-
-
-@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
-def revoke_token(token_id: str, request: Request, principal: Principal = Depends(require(Role.admin))) -> Response:
-    """Revoke a token: it stops working on the next request."""
-    with request.app.state.ws.sessions() as session:
-        result = session.execute(
-            update(TokenRow).where(TokenRow.id == token_id, TokenRow.revoked.is_(False)).values(revoked=True)
-        )
-        session.commit()
-    if getattr(result, "rowcount", 0) == 0:
-        raise NotFoundError(f"no active token with id {token_id!r}; list tokens with GET /v1/tokens")
-    announce_revoked(request.app.state.ws, token_id)
-    log.info("token_revoked token_id=%s by=%s", token_id, principal.name)
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
+    Blocking (it may notify PostgreSQL): call from a worker thread.
+    """
+    state.tokens.revoke(token_id)
+    state.changes.announce_from_thread(token_topic(token_id))

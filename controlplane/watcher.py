@@ -12,37 +12,32 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from controlplane import snapshot
-from controlplane.authcache import token_cache_of
-from controlplane.notify import changes_of
-from controlplane.snapshot import snapshots_of
+from controlplane.state import AppState
 
 __all__ = ["watching"]
 
 log = logging.getLogger(__name__)
 
 
-async def _recheck_forever(state: Any) -> None:
+async def _recheck_forever(state: AppState) -> None:
     """The backstop for lost announcements: every ``RECHECK_SECONDS``, at most two small queries."""
     while True:
         await asyncio.sleep(snapshot.RECHECK_SECONDS)  # read each time: tests shorten or lengthen it
-        snapshots_of(state).recheck()
+        state.snapshots.recheck()
         try:
-            await run_in_threadpool(token_cache_of(state).recheck, state.sessions)
+            await run_in_threadpool(state.tokens.recheck, state.sessions)
         except Exception as exc:  # why: a database hiccup; the next round tries again
             log.warning("token_recheck_failed error=%s", exc)
 
 
 @contextlib.asynccontextmanager
-async def watching(state: Any) -> AsyncIterator[None]:
+async def watching(state: AppState) -> AsyncIterator[None]:
     """Watch for changes made by any process while the body runs (the app's lifespan)."""
-    feed = changes_of(state)
-    token_cache_of(state)
-    snapshots_of(state)
+    feed = state.changes
     await feed.start()
     recheck = asyncio.create_task(_recheck_forever(state), name="change-recheck")
     try:

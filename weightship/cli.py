@@ -6,7 +6,9 @@ get tables and progress bars on the terminal; ``--json`` prints one JSON documen
 for scripts (errors then go to stderr as an ``ErrorBody``).
 
 Every error a user can meet ends the command with one red line on stderr saying what happened
-and what to do, and an exit status by kind (see ``EXIT_CODES``); never a traceback.
+and what to do, and an exit status by kind (see ``EXIT_CODES``); never a traceback. The line
+names CLI commands and flags, not REST routes: the control plane's common problems are worded
+here by their ``code`` (``weightship.cli_errors``).
 
 Test seam: pass ``obj=CliSeams(transport=...)`` to ``CliRunner.invoke`` to route every request
 through an ``httpx`` transport of the test's choosing.
@@ -33,6 +35,7 @@ from rich.text import Text
 
 from weightship import display
 from weightship.chunks import DEFAULT_CHUNK_SIZE
+from weightship.cli_errors import cli_message
 from weightship.client import DEFAULT_URL, Backoff, Client
 from weightship.errors import (
     AuthError,
@@ -120,10 +123,10 @@ def _run(ctx: typer.Context) -> _Run:
 def _fail(run: _Run | None, error: WeightshipError) -> NoReturn:
     code = next((c for cls, c in EXIT_CODES.items() if isinstance(error, cls)), 1)
     if run is not None and run.json:
-        body = {"error": {"code": error.code, "message": error.message}}
+        body = {"error": {"code": error.code, "message": cli_message(error)}}
         sys.stderr.write(json.dumps(body) + "\n")
     else:
-        line = Text.assemble(("error:", "bold red"), " ", error.message)  # messages are never markup
+        line = Text.assemble(("error:", "bold red"), " ", cli_message(error))  # messages are never markup
         Console(stderr=True, soft_wrap=True, highlight=False).print(line)
     raise typer.Exit(code)
 

@@ -11,6 +11,11 @@ same call cannot succeed. Every class below is one or the other; a bare ``Weight
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+#: the value of one of an error's ``fields``
+Field = str | int | float | None
+
 __all__ = [
     "AuthError",
     "ConflictError",
@@ -39,8 +44,13 @@ class WeightshipError(Exception):
     #: Short machine-readable code carried in API error bodies.
     code: str = "internal"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, code: str | None = None, fields: Mapping[str, Field] | None = None) -> None:
         super().__init__(message)
+        if code is not None:
+            self.code = code  # more specific than the class's, and as stable (e.g. ``model_not_found``)
+        #: what the error is about, by name (``model``, ``deployment``, ``epoch``...), so that each
+        #: interface can say it in its own words (the CLI names commands and flags, not routes)
+        self.fields: dict[str, Field] = dict(fields or {})
         self.message = message
 
 

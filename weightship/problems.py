@@ -31,6 +31,7 @@ from weightship.errors import (
     ConflictError,
     DatabaseUnavailable,
     DiskFullError,
+    Field,
     ForbiddenError,
     IntegrityError,
     ManifestError,
@@ -94,7 +95,7 @@ _XML_FIELD = re.compile(r"<(Code|Message)>([^<]*)</\1>")
 def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
     """The ``WeightshipError`` that a non-2xx ``response`` to ``what`` (e.g. ``GET /v1/x``) means."""
     status = response.status_code
-    code, message = _read_body(response)
+    code, message, fields = _read_body(response)
     cls = _BY_CODE.get(code) if code is not None else None
     if message is None:
         message = _describe_unreadable(response, what)
@@ -104,9 +105,12 @@ def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
         cls = _BY_STATUS.get(status)
     if cls is None:
         cls = TemporaryError if status >= 500 else WeightshipError
-    if issubclass(cls, TemporaryError):
-        return cls(message, delay=retry_after(response))
-    return cls(message)
+    error = cls(message, delay=retry_after(response)) if issubclass(cls, TemporaryError) else cls(message)
+    if code is not None:
+        # the server's own code is more specific than the class's (the CLI words its answer by it)
+        error.code = code
+    error.fields = fields
+    return error
 
 
 def retry_after(response: httpx.Response, *, now: float | None = None) -> float:
@@ -130,25 +134,32 @@ def retry_after(response: httpx.Response, *, now: float | None = None) -> float:
     return max(0.0, min(seconds, MAX_RETRY_AFTER))
 
 
-def _read_body(response: httpx.Response) -> tuple[str | None, str | None]:
-    """``(code, message)`` from a problem-details or legacy error body; ``None`` where absent."""
+#: problem members that are not extension fields of ours
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "code"})
+
+
+def _read_body(response: httpx.Response) -> tuple[str | None, str | None, dict[str, Field]]:
+    """``(code, message, fields)`` from a problem-details or legacy error body; ``None``/empty where absent."""
     try:
         doc: Any = json.loads(response.content)
     except (ValueError, UnicodeDecodeError):
-        return None, None
+        return None, None, {}
     if not isinstance(doc, dict):
-        return None, None
+        return None, None, {}
     legacy = doc.get("error")
     if isinstance(legacy, dict) and isinstance(legacy.get("message"), str):
         code = legacy.get("code")
-        return (code if isinstance(code, str) else None), legacy["message"]
+        return (code if isinstance(code, str) else None), legacy["message"], {}
     if _is_problem(response, doc):
         code = doc.get("code")
         detail = doc.get("detail")
         title = doc.get("title")
         message = detail if isinstance(detail, str) and detail else title if isinstance(title, str) else None
-        return (code if isinstance(code, str) else None), message
-    return None, None
+        fields = {
+            k: v for k, v in doc.items() if k not in _PROBLEM_MEMBERS and (v is None or isinstance(v, str | int | float))
+        }
+        return (code if isinstance(code, str) else None), message, fields
+    return None, None, {}
 
 
 def _is_problem(response: httpx.Response, doc: dict[str, Any]) -> bool:

@@ -25,16 +25,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from controlplane.app import AppState, create_app
+from controlplane.app import create_app
 from controlplane.auth import hash_secret, new_secret
-from controlplane.db import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
+from controlplane.persistence.db import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
 from controlplane.settings import Settings
+from controlplane.state import AppState
 from weightship.manifest import Manifest, build_manifest
 from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo
 
@@ -273,3 +275,15 @@ def publisher(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]])
     pub = Publisher(cp_client, role_headers[Role.publisher])
     yield pub
     pub.direct.close()
+
+
+def problem(response: httpx.Response) -> dict[str, Any]:
+    """The RFC 9457 problem details of an error ``response``, checked for the members every one carries."""
+    assert response.headers["content-type"].startswith("application/problem+json"), response.headers
+    body = response.json()
+    assert isinstance(body, dict), body
+    for member in ("type", "title", "status", "detail", "instance", "code"):
+        assert member in body, (member, body)
+    assert body["status"] == response.status_code, body
+    assert body["type"].endswith("/" + body["code"]), body
+    return body

@@ -23,6 +23,7 @@ import pytest
 
 from controlplane.app import create_app
 from controlplane.settings import Settings
+from tests.controlplane.conftest import problem
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(120)
@@ -162,7 +163,7 @@ def test_every_v1_route_enforces_its_roles(
         anonymous = cp_client.request(method, url)
         if anonymous.status_code != 401:
             failures.append(f"{method} {path} without a token: {anonymous.status_code}, want 401")
-        elif anonymous.json()["error"]["code"] != "unauthenticated":
+        elif problem(anonymous)["code"] != "token_missing":
             failures.append(f"{method} {path} without a token: body {anonymous.text}")
         for caller, (headers, node_id) in callers.items():
             status = cp_client.request(method, _concrete(path, node_id or None), headers=headers).status_code
@@ -206,8 +207,8 @@ def test_bad_credentials_get_401_with_a_bearer_challenge(cp_client: httpx.Client
     response = cp_client.get("/v1/deployments", headers=headers)
     assert response.status_code == 401, why
     assert response.headers["www-authenticate"] == "Bearer"
-    assert response.json()["error"]["code"] == "unauthenticated"
-    assert response.json()["error"]["message"]
+    assert problem(response)["code"] in ("token_missing", "token_malformed", "token_invalid")
+    assert problem(response)["detail"]
 
 
 def test_wrong_role_gets_403_naming_the_roles_needed(
@@ -215,7 +216,7 @@ def test_wrong_role_gets_403_naming_the_roles_needed(
 ) -> None:
     response = cp_client.post("/v1/deployments", json={"name": "d", "model": "m"}, headers=role_headers[Role.agent])
     assert response.status_code == 403
-    body = response.json()["error"]
-    assert body["code"] == "forbidden"
-    assert "operator" in body["message"]
-    assert "agent" in body["message"]
+    body = problem(response)
+    assert body["code"] == "role_refused"
+    assert "operator" in body["detail"]
+    assert "agent" in body["detail"]

@@ -9,9 +9,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from controlplane.app import AppState
-from controlplane.db import PointerEventRow
-from controlplane.deployments import GENERATION_KEY, Pointer, change_pointer
+from controlplane.deployments import Pointer, change_pointer
+from controlplane.persistence.db import PointerEventRow
+from controlplane.state import AppState
+from tests.controlplane.conftest import problem
 from weightship.errors import PreconditionFailed
 from weightship.schemas import Role
 
@@ -80,15 +81,15 @@ def test_create_refuses_duplicates_unknown_models_and_bad_names(
     cp_client: httpx.Client, operator: Headers, deployment: str, subtests: pytest.Subtests
 ) -> None:
     cases = [
-        ({"name": "chat", "model": "llama"}, 409, "conflict"),  # exists already
-        ({"name": "new", "model": "nope"}, 404, "not_found"),  # no such model
+        ({"name": "chat", "model": "llama"}, 409, "deployment_exists"),  # exists already
+        ({"name": "new", "model": "nope"}, 404, "model_not_found"),  # no such model
         ({"name": "Bad Name", "model": "llama"}, 422, "invalid_request"),
     ]
     for body, status, code in cases:
         with subtests.test(body=body):
             response = cp_client.post("/v1/deployments", json=body, headers=operator)
             assert response.status_code == status, response.text
-            assert response.json()["error"]["code"] == code
+            assert problem(response)["code"] == code
 
 
 def test_unknown_deployment_is_404_everywhere(cp_client: httpx.Client, operator: Headers) -> None:
@@ -99,7 +100,7 @@ def test_unknown_deployment_is_404_everywhere(cp_client: httpx.Client, operator:
     ]:
         response = cp_client.request(method, path, headers=operator)
         assert response.status_code == 404, (method, path)
-        assert "ghost" in response.json()["error"]["message"]
+        assert "ghost" in problem(response)["detail"]
     assert put_pointer(cp_client, operator, "ghost", 0, stable="v1").status_code == 404
 
 
@@ -109,8 +110,8 @@ def test_unknown_deployment_is_404_everywhere(cp_client: httpx.Client, operator:
 def test_pointer_update_without_if_match_is_428(cp_client: httpx.Client, operator: Headers, deployment: str) -> None:
     response = put_pointer(cp_client, operator, deployment, None, stable="v1")
     assert response.status_code == 428
-    assert response.json()["error"]["code"] == "precondition_required"
-    assert "If-Match" in response.json()["error"]["message"]
+    assert problem(response)["code"] == "precondition_required"
+    assert "If-Match" in problem(response)["detail"]
     assert current_epoch(cp_client, operator, deployment) == 0
 
 
@@ -125,8 +126,8 @@ def test_pointer_update_with_stale_if_match_is_412_and_changes_nothing(
                 headers={**operator, "If-Match": if_match},
             )
             assert response.status_code == 412
-            assert response.json()["error"]["code"] == "precondition_failed"
-            assert "epoch 0" in response.json()["error"]["message"]
+            assert problem(response)["code"] == "pointer_stale"
+            assert "epoch 0" in problem(response)["detail"]
     assert cp_client.get(f"/v1/deployments/{deployment}", headers=operator).json()["stable"] is None
 
 
@@ -155,7 +156,7 @@ def test_malformed_if_match_is_400(
                 headers={**operator, "If-Match": if_match},
             )
             assert response.status_code == 400
-            assert response.json()["error"]["code"] == "invalid"
+            assert problem(response)["code"] == "if_match_invalid"
 
 
 # --- refs ---------------------------------------------------------------------------------------
@@ -178,22 +179,22 @@ def test_bad_refs_get_clear_errors_and_change_nothing(
     subtests: pytest.Subtests,
 ) -> None:
     cases: list[tuple[dict[str, Any], int, str, str]] = [
-        ({"stable": "v9"}, 404, "not_found", "no label 'v9'"),
-        ({"stable": "sha256:" + "0" * 64}, 404, "not_found", "has no version"),
-        ({"stable": versions["other"]}, 409, "conflict", "belongs to model 'mistral'"),
-        ({"stable": "broken"}, 409, "conflict", "not ready"),
+        ({"stable": "v9"}, 404, "version_not_found", "no label 'v9'"),
+        ({"stable": "sha256:" + "0" * 64}, 404, "version_not_found", "has no version"),
+        ({"stable": versions["other"]}, 409, "version_of_other_model", "belongs to model 'mistral'"),
+        ({"stable": "broken"}, 409, "version_not_ready", "not ready"),
         ({"stable": "sha256:XYZ"}, 400, "invalid", "not a version digest"),
-        ({"stable": "v1", "canary": "v9", "canary_share": 0.1}, 404, "not_found", "no label 'v9'"),
-        ({"stable": "v1", "canary_share": 0.5}, 400, "invalid", "no canary is named"),
-        ({"stable": "v1", "canary": "v1", "canary_share": 0.5}, 400, "invalid", "same version"),
+        ({"stable": "v1", "canary": "v9", "canary_share": 0.1}, 404, "version_not_found", "no label 'v9'"),
+        ({"stable": "v1", "canary_share": 0.5}, 400, "share_without_canary", "no canary is named"),
+        ({"stable": "v1", "canary": "v1", "canary_share": 0.5}, 400, "canary_is_stable", "same version"),
         ({"stable": "v1", "canary": "v2", "canary_share": 1.5}, 422, "invalid_request", "canary_share"),
     ]
     for body, status, code, says in cases:
         with subtests.test(body=body):
             response = put_pointer(cp_client, operator, deployment, 0, **body)
             assert response.status_code == status, response.text
-            assert response.json()["error"]["code"] == code
-            assert says in response.json()["error"]["message"]
+            assert problem(response)["code"] == code
+            assert says in problem(response)["detail"]
     assert current_epoch(cp_client, operator, deployment) == 0
 
 
@@ -257,11 +258,11 @@ def test_audit_rows_are_written_with_the_pointer_in_one_transaction(
 def test_every_change_notifies_long_polls(
     cp_client: httpx.Client, operator: Headers, deployment: str, cp_state: AppState
 ) -> None:
-    before = cp_state.extras.get(GENERATION_KEY, 0)
+    before = cp_state.pointer_generation
     assert put_pointer(cp_client, operator, deployment, 0, stable="v1").status_code == 200
     assert put_pointer(cp_client, operator, deployment, 1, stable="v2").status_code == 200
     assert cp_client.post(f"/v1/deployments/{deployment}/rollback", headers=operator).status_code == 200
-    assert cp_state.extras.get(GENERATION_KEY, 0) == before + 3
+    assert cp_state.pointer_generation == before + 3
 
 
 # --- rollback -----------------------------------------------------------------------------------
@@ -275,8 +276,8 @@ def test_rollback_without_previous_stable_is_409(
         assert put_pointer(cp_client, operator, deployment, epoch, stable=ref).status_code == 200
     response = cp_client.post(f"/v1/deployments/{deployment}/rollback", json={}, headers=operator)
     assert response.status_code == 409
-    assert response.json()["error"]["code"] == "conflict"
-    assert "no previous stable version" in response.json()["error"]["message"]
+    assert problem(response)["code"] == "no_previous_stable"
+    assert "no previous stable version" in problem(response)["detail"]
     assert current_epoch(cp_client, operator, deployment) == len(stables)
 
 
@@ -343,7 +344,7 @@ def test_rollback_to_a_bad_target_is_refused(
         with subtests.test(to=to):
             response = cp_client.post(f"/v1/deployments/{deployment}/rollback", json={"to": to}, headers=operator)
             assert response.status_code == status, response.text
-            assert says in response.json()["error"]["message"]
+            assert says in problem(response)["detail"]
     assert current_epoch(cp_client, operator, deployment) == 2
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.app import AppState
-from controlplane.db import DeploymentRow, PointerEventRow
+from controlplane.persistence.db import DeploymentRow, PointerEventRow
+from controlplane.state import AppState
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(120)

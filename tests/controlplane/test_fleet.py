@@ -14,9 +14,10 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from controlplane.app import AppState
-from controlplane.db import DeploymentRow, NodeRow, utcnow
 from controlplane.fleet import RECHECK_SECONDS, canary_bucket, in_canary
+from controlplane.persistence.db import DeploymentRow, NodeRow, utcnow
+from controlplane.state import AppState
+from tests.controlplane.conftest import problem
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,10 +127,10 @@ def test_unknown_nodes_and_deployments_are_404(cp_client: httpx.Client, agent: H
     wanted = cp_client.get("/v1/nodes/ghost/desired", headers=agent)
     for response in (heartbeat, wanted):
         assert response.status_code == 404
-        assert "register again" in response.json()["error"]["message"]
+        assert "register again" in problem(response)["detail"]
     status = cp_client.get("/v1/deployments/ghost/status", headers=agent)
     assert status.status_code == 404
-    assert "ghost" in status.json()["error"]["message"]
+    assert "ghost" in problem(status)["detail"]
 
 
 def test_nodes_not_heard_from_within_the_stale_window_are_flagged_stale(
@@ -333,7 +334,7 @@ class BackgroundPoll:
 
 def waiting_polls(state: AppState) -> float:
     """How many desired-state long-polls the server is holding right now."""
-    return state.metrics.get_sample_value("weightship_desired_long_polls") or 0.0
+    return state.metrics_registry.get_sample_value("weightship_desired_long_polls") or 0.0
 
 
 def test_long_poll_answers_within_a_second_of_a_pointer_change(

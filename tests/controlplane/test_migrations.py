@@ -19,9 +19,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 
-from controlplane import migrate
 from controlplane.__main__ import main
-from controlplane.db import Base, make_engine
+from controlplane.persistence import migrate
+from controlplane.persistence.db import Base, make_engine
 
 pytestmark = pytest.mark.timeout(120)
 

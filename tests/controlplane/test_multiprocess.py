@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
+from controlplane.persistence.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.controlplane.conftest import fake_digest
 from tests.controlplane.test_fleet import BackgroundPoll, Headers

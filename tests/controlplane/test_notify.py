@@ -10,10 +10,11 @@ import pytest
 from sqlalchemy import text, update
 
 from controlplane import snapshot
-from controlplane.app import AppState
 from controlplane.authcache import TokenCache
-from controlplane.db import DeploymentRow, TokenRow, query_count
 from controlplane.notify import CHANNEL, DEPLOYMENTS, RESYNC, token_topic
+from controlplane.persistence.db import DeploymentRow, TokenRow, query_count
+from controlplane.state import AppState
+from tests.controlplane.conftest import problem
 from tests.controlplane.test_fleet import (
     BackgroundPoll,
     Headers,
@@ -110,7 +111,7 @@ def test_a_revoked_token_stops_working_on_the_next_request(cp_client: httpx.Clie
     assert cp_client.delete(f"/v1/tokens/{minted['id']}", headers=admin_headers).status_code == 204
     response = cp_client.get("/v1/nodes", headers=headers)
     assert response.status_code == 401
-    assert "revoked" in response.json()["error"]["message"]
+    assert "revoked" in problem(response)["detail"]
 
 
 class FakeClock:

@@ -15,11 +15,12 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from controlplane.app import AppState
-from controlplane.db import UploadSessionRow
+from controlplane.persistence.db import UploadSessionRow
+from controlplane.persistence.store import LocalStore, S3Store
 from controlplane.publish import sweep_expired_uploads
 from controlplane.settings import Settings
-from controlplane.store import LocalStore, S3Store
+from controlplane.state import AppState
+from tests.controlplane.conftest import problem
 from weightship.manifest import canonical_json
 from weightship.schemas import UploadSession, VersionInfo
 
@@ -122,7 +123,7 @@ def test_a_chunk_that_does_not_match_makes_nothing_ready(
     assert bad.status_code in (200, 422), bad.text
     commit = publisher.commit(session)
     assert commit.status_code == (422 if bad.status_code == 200 else 409), commit.text
-    assert commit.json()["error"]["code"] == ("integrity" if bad.status_code == 200 else "conflict")
+    assert problem(commit)["code"] == ("integrity" if bad.status_code == 200 else "conflict")
     assert cp_client.get(f"/v1/models/llama/versions/{manifest.digest}", headers=publisher.headers).status_code == 404
     fixed = publisher.session(manifest, ("v1",))
     assert fixed.id == session.id
@@ -141,12 +142,12 @@ def test_a_truncated_part_is_refused(publisher: Publisher, make_model: ModelMake
         short = handle.read(victim.length - 1000)
     put = publisher.put(victim, short)
     if put.status_code == 422:
-        assert "truncated" in put.json()["error"]["message"]
+        assert "truncated" in problem(put)["detail"]
         assert publisher.commit(session).status_code == 409
     else:
         commit = publisher.commit(session)
         assert commit.status_code == 422, commit.text
-        assert "bytes, expected" in commit.json()["error"]["message"]
+        assert "bytes, expected" in problem(commit)["detail"]
 
 
 def test_a_label_never_moves_to_other_content(
@@ -158,7 +159,7 @@ def test_a_label_never_moves_to_other_content(
     other = publisher.manifest(make_model("c", seed=3, tensors_mb=0.1), "llama")
     response = publisher.open(other, ("prod",))
     assert response.status_code == 409
-    assert "never move" in response.json()["error"]["message"]
+    assert "never move" in problem(response)["detail"]
     relabel = cp_client.post(
         "/v1/models/llama/labels", json={"label": "prod", "digest": v2.digest}, headers=publisher.headers
     )
@@ -172,7 +173,7 @@ def test_abandoned_sessions_expire_and_their_uploads_are_discarded(
 ) -> None:
     """Past expires_at, a sweep aborts the store uploads; the session can no longer be committed."""
     now = [datetime.now(UTC)]
-    cp_state.extras["clock"] = lambda: now[0]
+    cp_state.clock = lambda: now[0]
     root = make_model("m1", tensors_mb=0.3)
     manifest = publisher.manifest(root, "llama")
     session = publisher.session(manifest)
@@ -222,7 +223,7 @@ def test_a_manifest_that_contradicts_a_stored_blob_is_refused(publisher: Publish
     weights["sha256"] = stored.file("model.safetensors").sha256  # same size, other bytes
     response = publisher.open(canonical_json(doc))
     assert response.status_code == 422, response.text
-    assert "differ from this manifest" in response.json()["error"]["message"]
+    assert "differ from this manifest" in problem(response)["detail"]
 
 
 def test_a_session_shows_verifying_during_a_commit_and_a_second_commit_is_refused(
@@ -244,6 +245,6 @@ def test_a_session_shows_verifying_during_a_commit_and_a_second_commit_is_refuse
     assert shown["state"] == "verifying"
     second = publisher.commit(session)
     assert second.status_code == 409, second.text
-    assert "verifying" in second.json()["error"]["message"]
+    assert "verifying" in problem(second)["detail"]
     set_state("open")
     assert publisher.commit(session).status_code == 200

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from controlplane.app import AppState
-from controlplane.db import ModelRow, UploadSessionRow
+from controlplane.persistence.db import ModelRow, UploadSessionRow
+from controlplane.state import AppState
+from tests.controlplane.conftest import problem
 from weightship.manifest import MAX_MANIFEST_BYTES, canonical_json
 from weightship.schemas import Role
 
@@ -74,8 +75,8 @@ def test_invalid_manifests_are_refused(publisher: Publisher, make_model: ModelMa
         edit(doc)
         response = publisher.open(canonical_json(doc))
         assert response.status_code == 400, (case, response.text)
-        assert response.json()["error"]["code"] == "invalid_manifest", case
-        assert message in response.json()["error"]["message"], case
+        assert problem(response)["code"] == "invalid_manifest", case
+        assert message in problem(response)["detail"], case
     with cp_state.sessions() as session:
         assert session.query(UploadSessionRow).count() == 0
 
@@ -87,7 +88,7 @@ def test_a_manifest_giving_one_digest_two_contents_is_refused(publisher: Publish
     files["model.safetensors"]["sha256"] = files["config.json"]["sha256"]
     response = publisher.open(canonical_json(doc))
     assert response.status_code == 400, response.text
-    assert "claim the same sha256" in response.json()["error"]["message"]
+    assert "claim the same sha256" in problem(response)["detail"]
 
 
 def test_a_manifest_that_is_not_canonical_is_refused(publisher: Publisher, make_model: ModelMaker) -> None:
@@ -95,7 +96,7 @@ def test_a_manifest_that_is_not_canonical_is_refused(publisher: Publisher, make_
     doc = json.loads(publisher.manifest(make_model("m", tensors_mb=0.1), "llama").raw)
     response = publisher.open(json.dumps(doc, indent=2).encode())
     assert response.status_code == 400
-    assert "canonical" in response.json()["error"]["message"]
+    assert "canonical" in problem(response)["detail"]
 
 
 def test_an_oversized_manifest_is_refused(publisher: Publisher) -> None:
@@ -103,7 +104,7 @@ def test_an_oversized_manifest_is_refused(publisher: Publisher) -> None:
     huge = b'{"files":"' + b"x" * MAX_MANIFEST_BYTES + b'"}'
     response = publisher.open(huge)
     assert response.status_code == 400
-    assert "exceeds" in response.json()["error"]["message"]
+    assert "exceeds" in problem(response)["detail"]
 
 
 def test_a_request_declaring_an_oversized_body_is_refused_unread(publisher: Publisher, cp_client: httpx.Client) -> None:
@@ -139,7 +140,7 @@ def test_pickle_files_need_an_explicit_allowance(
     manifest = publisher.manifest(root, "legacy", allow_pickle=True)
     refused = publisher.open(manifest)
     assert refused.status_code == 400
-    assert "pickle" in refused.json()["error"]["message"]
+    assert "pickle" in problem(refused)["detail"]
     session = publisher.session(manifest, allow_pickle=True)
     publisher.upload(session, root, manifest)
     assert publisher.commit(session).status_code == 200

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import delete, select
 
-from controlplane.app import AppState
-from controlplane.db import LabelRow, ModelRow, UploadSessionRow, VersionRow, make_engine, make_sessionmaker
+from controlplane.persistence.db import LabelRow, ModelRow, UploadSessionRow, VersionRow, make_engine, make_sessionmaker
+from controlplane.persistence.store import LocalStore, S3Store, blob_key
 from controlplane.recovery import main as recovery_main
 from controlplane.recovery import rebuild_index
 from controlplane.settings import Settings
-from controlplane.store import LocalStore, S3Store, blob_key
+from controlplane.state import AppState
 from weightship.errors import ConflictError
 from weightship.schemas import VersionInfo
 

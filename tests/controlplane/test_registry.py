@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from controlplane.app import AppState
+from controlplane.persistence.store import LocalStore, S3Store, manifest_key
+from controlplane.persistence.store.signing import sign_blob
 from controlplane.settings import Settings
-from controlplane.store import LocalStore, S3Store, manifest_key
-from controlplane.store.signing import sign_blob
+from controlplane.state import AppState
+from tests.controlplane.conftest import problem
 from weightship.schemas import BlobURLs, Role, VersionInfo
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def test_unknown_or_malformed_references_are_clear_errors(
     for path, status in BAD_REFERENCES:
         response = cp_client.get(path, headers=role_headers[Role.operator])
         assert response.status_code == status, (path, response.text)
-        assert response.json()["error"]["message"], path
+        assert problem(response)["detail"], path
 
 
 def test_the_manifest_is_served_exactly_as_stored(
@@ -101,7 +102,7 @@ def test_a_corrupted_stored_manifest_is_never_served(
         (store.root / key).write_bytes(b'{"tampered":true}')
     response = cp_client.get("/v1/models/llama/versions/v1/manifest", headers=publisher.headers)
     assert response.status_code == 422
-    assert "corrupt" in response.json()["error"]["message"]
+    assert "corrupt" in problem(response)["detail"]
 
 
 def test_labels_are_added_once_and_never_moved(
@@ -121,7 +122,7 @@ def test_labels_are_added_once_and_never_moved(
     assert sorted(again.json()["labels"]) == ["prod", "v1"]
     moved = label("prod", v2.digest)
     assert moved.status_code == 409
-    assert "never move" in moved.json()["error"]["message"]
+    assert "never move" in problem(moved)["detail"]
     assert label("v1", v2.digest).status_code == 409
     assert label("ghost", "sha256:" + "0" * 64).status_code == 404
 

@@ -14,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.settings import Settings
-from controlplane.store import (
+from controlplane.persistence.store import (
     BlobStat,
     LocalStore,
     OriginStore,
@@ -28,8 +27,9 @@ from controlplane.store import (
     open_store,
     store_from_url,
 )
-from controlplane.store.origin import BLOBS, LABELS, MANIFESTS, UPLOADS, check_key
-from controlplane.store.parts import stat_matches
+from controlplane.persistence.store.origin import BLOBS, LABELS, MANIFESTS, UPLOADS, check_key
+from controlplane.persistence.store.parts import stat_matches
+from controlplane.settings import Settings
 from weightship.chunks import chunk_ranges
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, IntegrityError, NotFoundError, ValidationError

@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from controlplane.persistence.store import RetryPolicy, S3Store, manifest_key
 from controlplane.settings import Settings
-from controlplane.store import RetryPolicy, S3Store, manifest_key
+from tests.controlplane.conftest import problem
 from weightship.errors import StoreError, TemporaryError
 from weightship.manifest import build_manifest
 
@@ -235,5 +236,5 @@ def test_an_s3_outage_reaches_publishers_as_a_503(
         headers={"Authorization": f"Bearer {cp_settings.admin_token}"},
     )
     assert response.status_code == 503, response.text
-    assert response.json()["error"]["code"] == "unavailable"
-    assert "retry" in response.json()["error"]["message"]
+    assert problem(response)["code"] == "unavailable"
+    assert "retry" in problem(response)["detail"]

@@ -8,10 +8,11 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from controlplane.app import AppState
 from controlplane.auth import hash_secret
-from controlplane.db import TokenRow
+from controlplane.persistence.db import TokenRow
+from controlplane.state import AppState
 from controlplane.tokens import BOOTSTRAP_NAME, bootstrap_admin
+from tests.controlplane.conftest import problem
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,7 +100,7 @@ def test_revoked_token_is_refused_and_unlisted(cp_client: httpx.Client, admin_he
     assert cp_client.delete(f"/v1/tokens/{created['id']}", headers=admin_headers).status_code == 204
     refused = cp_client.get("/v1/deployments", headers=headers)
     assert refused.status_code == 401
-    assert "revoked" in refused.json()["error"]["message"]
+    assert "revoked" in problem(refused)["detail"]
     assert created["id"] not in [t["id"] for t in cp_client.get("/v1/tokens", headers=admin_headers).json()]
 
 
@@ -107,7 +108,7 @@ def test_revoking_an_unknown_token_is_404(cp_client: httpx.Client, admin_headers
     for token_id in ["does-not-exist", "0" * 16]:
         response = cp_client.delete(f"/v1/tokens/{token_id}", headers=admin_headers)
         assert response.status_code == 404
-        assert response.json()["error"]["code"] == "not_found"
+        assert problem(response)["code"] == "not_found"
 
 
 def test_invalid_token_requests_are_422(
@@ -123,4 +124,4 @@ def test_invalid_token_requests_are_422(
         with subtests.test(body=body):
             response = cp_client.post("/v1/tokens", json=body, headers=admin_headers)
             assert response.status_code == 422
-            assert response.json()["error"]["code"] == "invalid_request"
+            assert problem(response)["code"] == "invalid_request"

@@ -18,12 +18,12 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from controlplane.app import AppState
-from controlplane.db import BlobChunksRow, UploadSessionRow
+from controlplane.persistence.db import BlobChunksRow, UploadSessionRow
+from controlplane.persistence.store import S3Store
+from controlplane.persistence.store.origin import UPLOADS
 from controlplane.settings import Settings
-from controlplane.store import S3Store
-from controlplane.store.origin import UPLOADS
-from tests.controlplane.conftest import TEST_CHUNK
+from controlplane.state import AppState
+from tests.controlplane.conftest import TEST_CHUNK, problem
 from weightship.manifest import Manifest, build_manifest, canonical_json
 from weightship.schemas import UploadSession
 
@@ -91,7 +91,7 @@ def test_rechunking_a_stored_blob_with_made_up_chunk_digests_is_refused_at_commi
     assert all(blob.present for blob in session.blobs), "every blob is stored already: nothing to upload"
     commit = publisher.commit(session)
     assert commit.status_code == 422, commit.text
-    message = commit.json()["error"]["message"]
+    message = problem(commit)["detail"]
     assert all(part in message for part in (WEIGHTS, weights.sha256, "chunk 0"))
     assert version_status(cp_client, publisher.headers, session.digest) == 404
     assert cp_client.get("/v1/models/llama/versions/poisoned", headers=publisher.headers).status_code == 404
@@ -120,9 +120,9 @@ def test_a_manifest_re_describing_a_known_blob_is_refused_with_422(
 
     response = publisher.open(forged(manifest, change_chunk_2), ("v2",))
     assert response.status_code == 422, response.text
-    error = response.json()["error"]
+    error = problem(response)
     assert error["code"] == "integrity"
-    assert all(part in error["message"] for part in (WEIGHTS, weights.sha256, "chunk 2", weights.chunks[2]))
+    assert all(part in error["detail"] for part in (WEIGHTS, weights.sha256, "chunk 2", weights.chunks[2]))
     assert cp_client.get("/v1/models/llama/versions/v2", headers=publisher.headers).status_code == 404
 
 
@@ -139,7 +139,7 @@ def test_a_re_description_opened_before_the_blob_was_verified_is_refused_at_comm
     publisher.publish(root, "llama", ("v1",))
     commit = publisher.commit(liar)
     assert commit.status_code == 422, commit.text
-    assert "chunk 1" in commit.json()["error"]["message"]
+    assert "chunk 1" in problem(commit)["detail"]
     assert version_status(cp_client, publisher.headers, liar.digest) == 404
     with cp_state.sessions() as session:
         row = session.get(UploadSessionRow, liar.id)
@@ -173,7 +173,7 @@ def test_a_multi_chunk_blob_whose_bytes_do_not_match_its_name_is_never_ready_and
     publisher.upload(session, attacker_root, attacker, only=lambda sha, _part: sha != victim.sha256)
     commit = publisher.commit(session)
     assert commit.status_code == 422, commit.text
-    assert "whole file hashes to" in commit.json()["error"]["message"]
+    assert "whole file hashes to" in problem(commit)["detail"]
     assert version_status(cp_client, publisher.headers, session.digest) == 404
     store = cp_state.store
     assert store.stat_blob(victim.sha256) is None, "the victim's blob name is not occupied"
@@ -199,5 +199,5 @@ def test_an_empty_file_cannot_claim_another_blob_name(
     doc["files"].sort(key=lambda f: f["path"])
     response = publisher.open(canonical_json(doc))
     assert response.status_code == 422, response.text
-    assert "empty file" in response.json()["error"]["message"]
+    assert "empty file" in problem(response)["detail"]
     assert cp_state.store.stat_blob(victim) is None

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
+from tests.controlplane.conftest import problem
 from weightship.testing import eventually as poll_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -51,7 +52,7 @@ def _assert_refuses(http: httpx.Client) -> list[str]:
     """``/readyz`` fails and writes are refused with the database problem; returns what was acknowledged."""
     ready = http.get("/readyz")
     assert ready.status_code == 503, ready.text
-    assert ready.json()["error"]["code"] == "database_unavailable"
+    assert problem(ready)["code"] == "database_unavailable"
     acknowledged = []
     for attempt in range(5):
         response = _mint(http, f"after-{attempt}")
@@ -59,8 +60,8 @@ def _assert_refuses(http: httpx.Client) -> list[str]:
             acknowledged.append(f"after-{attempt}")
         else:
             assert response.status_code == 503, response.text
-            assert response.json()["error"]["code"] == "database_unavailable"
-            assert "restore" in response.json()["error"]["message"]
+            assert problem(response)["code"] == "database_unavailable"
+            assert "restore" in problem(response)["detail"]
     return acknowledged
 
 

@@ -25,6 +25,7 @@ from tests.controlplane.conftest import (  # noqa: F401  (fixtures)
     cp_settings,
     cp_state,
     live_controlplane,
+    problem,
     role_headers,
     seed_versions,
 )
@@ -94,10 +95,10 @@ def test_writes_to_a_locked_database_answer_503_with_retry_after_promptly(
 
     for what, (response, seconds) in outcomes.items():
         assert response.status_code == 503, (what, response.status_code, response.text)
-        assert response.headers["content-type"].startswith("application/json"), what
-        error = response.json()["error"]
+        assert response.headers["content-type"].startswith("application/problem+json"), what
+        error = problem(response)
         assert error["code"] == "database_unavailable", (what, error)
-        assert "retry" in error["message"], (what, error)
+        assert "retry" in error["detail"], (what, error)
         assert int(response.headers["retry-after"]) >= 1, what
         assert seconds < PROMPT, f"{what} answered after {seconds:.1f} s"
 

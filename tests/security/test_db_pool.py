@@ -18,13 +18,14 @@ import httpx
 import pytest
 from sqlalchemy import event
 
-from controlplane.app import AppState
+from controlplane.state import AppState
 from tests.controlplane.conftest import (  # noqa: F401  (fixtures)
     LiveControlPlane,
     cp_client,
     cp_settings,
     cp_state,
     live_controlplane,
+    problem,
     role_headers,
     seed_versions,
 )
@@ -182,7 +183,7 @@ def test_an_exhausted_pool_answers_503_with_retry_after_promptly(
         for conn in held:
             conn.close()
     assert response.status_code == 503, response.text
-    assert response.json()["error"]["code"] == "database_unavailable"
+    assert problem(response)["code"] == "database_unavailable"
     assert int(response.headers["retry-after"]) >= 1
     assert elapsed < 5.0, f"answered after {elapsed:.1f} s"
     assert cp_client.get("/v1/deployments", headers=operator).status_code == 200, "the pool recovers at once"

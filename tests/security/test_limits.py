@@ -28,6 +28,7 @@ from tests.controlplane.conftest import (  # noqa: F401  (fixtures)
     cp_settings,
     cp_state,
     live_controlplane,
+    problem,
     publisher,
     role_headers,
 )
@@ -94,8 +95,8 @@ def test_a_body_declared_over_its_route_limit_is_refused_before_it_is_sent(
         live_controlplane.url, method, path.format(node=node_id), role_headers[role], declared
     )
     assert status == 413, body
-    assert body["error"]["code"] == "too_large"
-    assert "at most" in body["error"]["message"]
+    assert body["code"] == "too_large"
+    assert "at most" in body["detail"]
     assert seconds < 5.0
 
 
@@ -126,7 +127,7 @@ def test_a_chunked_body_streaming_past_its_limit_is_refused_and_nothing_is_store
     headers = {**role_headers[role], "Content-Type": "application/json"}
     response = cp_client.post(path.format(node=node_id), content=_stream(total), headers=headers)
     assert response.status_code == 413, response.text
-    assert response.json()["error"]["code"] == "too_large"
+    assert problem(response)["code"] == "too_large"
     nodes = cp_client.get("/v1/nodes", headers=role_headers[Role.operator]).json()
     assert [(n["name"], n["health"]["errors"]) for n in nodes] == [("gpu-1", [])]
 
@@ -201,7 +202,7 @@ def test_integers_beyond_64_bits_are_422_not_500(
 ) -> None:
     response = cp_client.request(method, path.format(node=node_id), json=body, headers=role_headers[Role.admin])
     assert response.status_code == 422, (what, response.text)
-    assert response.json()["error"]["code"] == "invalid_request", what
+    assert problem(response)["code"] == "invalid_request", what
 
 
 def test_a_huge_part_number_is_a_client_error(

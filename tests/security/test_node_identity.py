@@ -20,6 +20,7 @@ import pytest
 
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
+from tests.controlplane.conftest import problem
 from weightship.schemas import NodeEnrolment, NodeInfo, TokenInfo
 
 pytestmark = pytest.mark.timeout(120)
@@ -107,7 +108,7 @@ def test_a_node_token_cannot_act_for_another_node(api: API) -> None:
     }
     for call, response in attempts.items():
         assert response.status_code == 403, (call, response.text)
-        assert "gpu-attacker" in response.json()["error"]["message"], call
+        assert "gpu-attacker" in problem(response)["detail"], call
     after = api.node("gpu-victim")
     assert (after.id, after.labels, after.deployments, after.last_seen) == (
         before.id,
@@ -133,7 +134,7 @@ def test_an_enrolment_token_cannot_act_for_any_node(api: API) -> None:
     }
     for call, response in attempts.items():
         assert response.status_code == 403, (call, response.text)
-        assert "enrolment token" in response.json()["error"]["message"], call
+        assert "enrolment token" in problem(response)["detail"], call
     assert [n["name"] for n in api.http.get("/v1/nodes", headers=ADMIN).json()] == ["gpu-1"]
 
 
@@ -145,7 +146,7 @@ def test_an_enrolment_token_cannot_hijack_an_enrolled_node(api: API) -> None:
     for token in (enrolment, api.token("another-enrolment")["token"]):
         hijack = api.enrol(token, "gpu-1", labels={"zone": "evil"}, deployments=[])
         assert hijack.status_code == 409, hijack.text
-        message = hijack.json()["error"]["message"]
+        message = problem(hijack)["detail"]
         assert "already enrolled" in message
         assert "weightship token revoke" in message
     after = api.node("gpu-1")

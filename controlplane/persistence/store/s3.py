@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import boto3
 
-from controlplane.store.origin import (
+from controlplane.persistence.store.origin import (
     UPLOADS,
     BlobStat,
     PartSpec,
@@ -52,7 +52,7 @@ from controlplane.store.origin import (
     blob_key,
     check_key,
 )
-from controlplane.store.parts import (
+from controlplane.persistence.store.parts import (
     StreamVerifier,
     b64_of_hex,
     check_uploaded,
@@ -60,7 +60,7 @@ from controlplane.store.parts import (
     hex_of_b64,
     normalize_checksum,
 )
-from controlplane.store.retrying import RetryPolicy, call
+from controlplane.persistence.store.retrying import RetryPolicy, call
 from weightship.digests import hex_of, sha256_hex
 from weightship.errors import (
     ConflictError,

@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from controlplane.store.origin import (
+from controlplane.persistence.store.origin import (
     BlobStat,
     PartSpec,
     PartTarget,
@@ -38,7 +38,7 @@ from controlplane.store.origin import (
     blob_key,
     check_key,
 )
-from controlplane.store.parts import StreamVerifier, check_uploaded, composite_checksum
+from controlplane.persistence.store.parts import StreamVerifier, check_uploaded, composite_checksum
 from weightship.digests import sha256_stream
 from weightship.errors import DiskFullError, IntegrityError, NotFoundError, StoreError, ValidationError
 from weightship.manifest import Manifest

@@ -3,7 +3,7 @@
 One ASGI middleware (``BodyLimit``) sits in front of the whole application. A route's limit is
 the first entry of ``ROUTE_LIMITS`` matching its method and path, else ``Settings.max_body_bytes``
 (64 KiB: every JSON body of the API but those listed is far smaller). A body over its limit is
-refused with ``413`` and an ``ErrorBody`` (code ``too_large``):
+refused with ``413`` and problem details (code ``too_large``, ``controlplane.http.problems``):
 
 - when ``Content-Length`` declares more than the limit, before the body is read;
 - when a body without a length (chunked) streams past the limit: the handler's next read fails,
@@ -20,7 +20,6 @@ an upload session its manifest, a heartbeat a node's whole inventory.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -29,10 +28,10 @@ from dataclasses import dataclass
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controlplane.http.problems import PROBLEM_MEDIA_TYPE, problem_bytes
 from controlplane.publish import MAX_REQUEST_BYTES
 from weightship.chunks import MAX_CHUNK_SIZE
 from weightship.errors import PayloadTooLarge
-from weightship.schemas import ErrorBody, ErrorDetail
 
 __all__ = ["ROUTE_LIMITS", "BodyLimit", "RouteLimit"]
 
@@ -158,15 +157,13 @@ async def _refuse(send: Send, scope: Scope, max_bytes: int, what: str, how: str)
         "nothing of it was kept: send a smaller body"
     )
     log.warning("body_too_large method=%s path=%s limit=%d detail=%r", scope["method"], scope["path"], max_bytes, how)
-    body = json.dumps(
-        ErrorBody(error=ErrorDetail(code=PayloadTooLarge.code, message=message)).model_dump(), separators=(",", ":")
-    ).encode()
+    body = problem_bytes(PayloadTooLarge.status_code, PayloadTooLarge.code, message, scope["path"])
     await send(
         {
             "type": "http.response.start",
             "status": PayloadTooLarge.status_code,
             "headers": [
-                (b"content-type", b"application/json"),
+                (b"content-type", PROBLEM_MEDIA_TYPE.encode()),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
             ],

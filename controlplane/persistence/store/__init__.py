@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from controlplane.settings import Settings
-from controlplane.store.localdir import LocalStore
-from controlplane.store.origin import (
+from controlplane.persistence.store.localdir import LocalStore
+from controlplane.persistence.store.origin import (
     BlobStat,
     OriginStore,
     PartSpec,
@@ -29,8 +28,9 @@ from controlplane.store.origin import (
     manifest_key,
     provenance_key,
 )
-from controlplane.store.retrying import RetryPolicy
-from controlplane.store.s3 import MIN_PART_SIZE, S3Store
+from controlplane.persistence.store.retrying import RetryPolicy
+from controlplane.persistence.store.s3 import MIN_PART_SIZE, S3Store
+from controlplane.settings import Settings
 from weightship.errors import ValidationError
 
 __all__ = [

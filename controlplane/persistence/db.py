@@ -21,7 +21,7 @@ Tables and what they promise:
 - ``ticket_keys``: the ed25519 keys that sign entitlement tickets (``controlplane.tickets``); the
   newest not retired signs, all not retired are published. Shared by every replica.
 
-Schema changes go through Alembic migrations in ``controlplane/migrations``; the models here
+Schema changes go through Alembic migrations in ``controlplane/persistence/migrations``; the models here
 must match the newest migration (a test checks).
 """
 
@@ -33,7 +33,8 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,9 +58,10 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    exc,
 )
 from sqlalchemy.engine import Dialect, Engine, make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from weightship.errors import DatabaseUnavailable
 
@@ -77,6 +79,7 @@ __all__ = [
     "TokenRow",
     "UploadSessionRow",
     "VersionRow",
+    "database_errors",
     "make_engine",
     "make_sessionmaker",
     "query_count",
@@ -101,7 +104,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            raise ValueError("naive datetime given to a UTCDateTime column; use controlplane.db.utcnow()")
+            raise ValueError("naive datetime given to a UTCDateTime column; use controlplane.persistence.db.utcnow()")
         return value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
@@ -425,6 +428,21 @@ def _count_queries(engine: Engine) -> None:
             tally.value += 1
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     """Session factory; objects stay usable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def database_errors(what: str) -> Iterator[None]:
+    """Map SQLAlchemy's connection-level failures of ``what`` (locked, timed out, unreachable) to 503."""
+    try:
+        yield
+    except (exc.OperationalError, exc.InterfaceError) as err:
+        raise DatabaseUnavailable(
+            f"{what}: the database is unavailable or busy ({type(err.orig).__name__}: {err.orig}); retry shortly"
+        ) from None
+    except exc.TimeoutError:
+        raise DatabaseUnavailable(
+            f"{what}: every database connection is in use (pool timeout); the control plane is overloaded, retry shortly"
+        ) from None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 
-from controlplane.store.origin import BlobStat, OriginStore, PartSpec, UploadedPart
+from controlplane.persistence.store.origin import BlobStat, OriginStore, PartSpec, UploadedPart
 from weightship.chunks import chunk_ranges
 from weightship.digests import sha256_hex, sha256_stream
 from weightship.errors import ConflictError, IntegrityError

@@ -1,6 +1,6 @@
 """Initial schema: models, versions, labels, upload sessions, deployments, pointer events, tokens, nodes.
 
-A frozen snapshot of ``controlplane/db.py`` as first released: it spells out plain SQLAlchemy
+A frozen snapshot of ``controlplane/persistence/db.py`` as first released: it spells out plain SQLAlchemy
 types instead of importing the models, so later edits to ``db.py`` never change what this
 revision creates. Timestamps are ``TIMESTAMP WITH TIME ZONE`` (``db.UTCDateTime``); defaults are
 applied by the application, so no server defaults are declared.

@@ -1,6 +1,6 @@
-"""Alembic environment: runs migrations on the connection ``controlplane.migrate`` hands over.
+"""Alembic environment: runs migrations on the connection ``controlplane.persistence.migrate`` hands over.
 
-``controlplane.migrate.upgrade`` puts an open connection (inside a transaction that already holds
+``controlplane.persistence.migrate.upgrade`` puts an open connection (inside a transaction that already holds
 the migration lock) into ``config.attributes["connection"]``; the migrations then run inside that
 transaction. Without one (the ``alembic`` command line, for developers), the URL comes from
 ``sqlalchemy.url`` or ``WEIGHTSHIP_DATABASE_URL``.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from controlplane.db import Base, make_engine
+from controlplane.persistence.db import Base, make_engine
 from controlplane.settings import Settings
 
 target_metadata = Base.metadata

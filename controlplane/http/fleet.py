@@ -1,0 +1,152 @@
+"""HTTP routes of the fleet (``controlplane.fleet``): enrolment, registration, heartbeats, desired state (long-poll), nodes, deployment status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for
+from controlplane.fleet import desired_answer, node_infos, record_heartbeat, register_node, status_of
+from controlplane.http import state_of
+from controlplane.http.auth import require, require_enrolment, require_node
+from controlplane.http.problems import errors
+from weightship.schemas import (
+    DeploymentStatus,
+    DesiredState,
+    NodeEnrolment,
+    NodeEnrolRequest,
+    NodeHeartbeat,
+    NodeInfo,
+    NodeRegistration,
+)
+
+__all__ = ["router"]
+
+nodes_router = APIRouter(prefix="/v1/nodes", tags=["fleet"])
+
+
+status_router = APIRouter(prefix="/v1/deployments", tags=["fleet"])
+
+
+router = APIRouter()
+
+
+_JITTER_FROM_SECONDS = 5.0
+
+
+_JITTER_SHARE = 0.2
+
+
+@nodes_router.post(
+    "/enrol", status_code=status.HTTP_201_CREATED, response_model=NodeEnrolment, responses=errors(400, 409)
+)
+async def enrol(
+    body: NodeEnrolRequest, request: Request, principal: Principal = Depends(require_enrolment())
+) -> NodeEnrolment:
+    """Enrol a node with an enrolment token: register it and return its node token, once (409 if enrolled)."""
+    state = state_of(request)
+    enrolment = await run_in_threadpool(register_node, state, body, principal.name)
+    assert isinstance(enrolment, NodeEnrolment)
+    state.metrics.node_registrations.inc()
+    return enrolment
+
+
+@nodes_router.post("/register", response_model=NodeInfo, responses=errors(400, 404, 409))
+async def register(
+    body: NodeRegistration, request: Request, principal: Principal = Depends(require_node(None))
+) -> NodeInfo:
+    """Re-register a node with its own node token (same id; labels and deployments replaced)."""
+    ensure_acts_for(principal, name=body.name)
+    state = state_of(request)
+    info = await run_in_threadpool(register_node, state, body)
+    assert isinstance(info, NodeInfo)
+    state.metrics.node_registrations.inc()
+    return info
+
+
+@nodes_router.post(
+    "/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses=errors(404)
+)
+async def heartbeat(
+    node_id: str, body: NodeHeartbeat, request: Request, principal: Principal = Depends(require_node())
+) -> Response:
+    """Store a node's report and mark it seen."""
+    state = state_of(request)
+    await run_in_threadpool(record_heartbeat, state, node_id, principal.node_name or node_id, body)
+    state.metrics.heartbeats.inc()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@nodes_router.get("/{node_id}/desired", response_model=DesiredState, responses=errors(404))
+async def desired(
+    node_id: str,
+    request: Request,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    wait: Annotated[float, Query(ge=0, le=3600)] = 0.0,
+    _principal: Principal = Depends(require_node()),
+) -> Response:
+    """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
+    state = state_of(request)
+    loop = asyncio.get_running_loop()
+    waited = min(wait, state.settings.long_poll_max_seconds)
+    if waited >= _JITTER_FROM_SECONDS:
+        # Polls answered together (by a pointer change) would otherwise all time out and come
+        # back together too, every time: shortening each wait a little spreads them out.
+        waited *= random.uniform(1 - _JITTER_SHARE, 1)  # spreading load, not secrecy
+    deadline = loop.time() + waited
+    snapshots = state.snapshots
+    # A plain read (no ``after``: an agent that just started or re-registered, or a person) reads
+    # the database, so it shows what is committed; long-polls use the snapshot and cost no query.
+    fresh = after is None
+    name, names = await snapshots.node(node_id, fresh=fresh)
+    await snapshots.ensure(names, fresh=fresh)
+    gauge = state.metrics.long_polls_waiting
+    while True:
+        # Watch before computing: nothing can change between the two (no await), so no wake is lost.
+        changed = snapshots.watch(names)
+        try:
+            revision, deployments = desired_answer(state, name, snapshots.rows(names))
+            remaining = deadline - loop.time()
+            if after is None or revision != after or remaining <= 0:
+                body = b'{"node_id":%s,"revision":"%s","deployments":%s}' % (
+                    json.dumps(node_id).encode(),
+                    revision.encode(),
+                    deployments,
+                )
+                return Response(body, media_type="application/json")
+            gauge.inc()
+            try:
+                await asyncio.wait((changed,), timeout=remaining)
+            finally:
+                gauge.dec()
+        finally:
+            snapshots.unwatch(names, changed)
+
+
+@nodes_router.get("", response_model=list[NodeInfo])
+async def list_nodes(
+    request: Request,
+    deployment: Annotated[str | None, Query(max_length=128)] = None,
+    _principal: Principal = Depends(require(*ANY_ROLE)),
+) -> list[NodeInfo]:
+    """Every registered node (optionally only those serving ``deployment``), with its stale flag."""
+    return await run_in_threadpool(node_infos, state_of(request), deployment)
+
+
+@status_router.get("/{name}/status", response_model=DeploymentStatus, responses=errors(404))
+async def deployment_status(
+    name: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
+) -> DeploymentStatus:
+    """How each version of a deployment stands across the fleet's live nodes."""
+    return await run_in_threadpool(status_of, state_of(request), name)
+
+
+router.include_router(nodes_router)
+
+
+router.include_router(status_router)

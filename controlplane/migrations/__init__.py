@@ -1,1 +1,0 @@
-"""Alembic migrations of the control plane's schema; run them with ``controlplane.migrate.upgrade``."""
