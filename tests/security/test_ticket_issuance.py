@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.controlplane.conftest import ADMIN_HEADERS, SeedVersions, fake_digest, seed_versions
+from tests.controlplane.conftest import ADMIN_HEADERS, SeedVersions, fake_digest, problem, seed_versions
 from weightship.schemas import Role, TicketGrant
 from weightship.tickets import load_public_key, verify_ticket
 
@@ -91,7 +91,7 @@ def test_a_node_is_refused_a_ticket_for_what_it_is_not_entitled_to(
     digest = digest or fleet_state[version]
     response = _ask(cp_client, node, fleet_state["llama-v2"], digest)
     assert response.status_code == 403, response.text
-    assert digest in response.json()["error"]["message"]  # names what was refused
+    assert digest in problem(response)["detail"]  # names what was refused
 
 
 def test_a_cache_is_entitled_to_every_version_any_pointer_names(
