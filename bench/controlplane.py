@@ -79,10 +79,11 @@ class Conn:
             self.writer = None
 
     async def request(
-        self, method: str, path: str, body: bytes | None = None, extra: bytes = b""
+        self, method: str, path: str, body: bytes | None = None, extra: bytes = b"", token: str | None = None
     ) -> tuple[int, bytes, bytes]:
-        """Send one request; returns (status, headers, body)."""
-        head = f"{method} {path} HTTP/1.1\r\nHost: cp\r\n".encode() + self.auth + extra
+        """Send one request (as ``token`` when given, else the connection's); returns (status, headers, body)."""
+        auth = self.auth if token is None else f"Authorization: Bearer {token}\r\n".encode()
+        head = f"{method} {path} HTTP/1.1\r\nHost: cp\r\n".encode() + auth + extra
         if body is not None:
             head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
         data = head + b"\r\n" + (body or b"")
@@ -221,8 +222,11 @@ class Fleet:
     """Simulated agents: their ids, long-poll tasks and what they last saw."""
 
     port: int
+    #: the enrolment token every simulated node enrols with
     token: str
     nodes: list[str] = field(default_factory=list)
+    #: each node's own node token, from its enrolment
+    tokens: dict[str, str] = field(default_factory=dict)
     #: epoch each node's latest desired-state answer named, and when it arrived
     epoch: dict[str, int] = field(default_factory=dict)
     seen_at: dict[str, float] = field(default_factory=dict)
@@ -256,7 +260,7 @@ def report(i: int, bumped: int) -> bytes:
 
 
 async def register_all(fleet: Fleet, count: int) -> None:
-    """Register ``count`` nodes, 64 at a time."""
+    """Enrol ``count`` nodes, 64 at a time, as agents do: each gets its own node token."""
     conns = asyncio.Queue[Conn]()
     for _ in range(64):
         conns.put_nowait(Conn(fleet.port, fleet.token))
@@ -269,12 +273,21 @@ async def register_all(fleet: Fleet, count: int) -> None:
                 "deployments": ["chat"],
                 "labels": {"zone": f"z{i % 4}", "rack": f"r{i % 64}"},
             }
-            info = await json_request(conn, "POST", "/v1/nodes/register", body)
+            for attempt in range(20):  # a busy database answers 503 + Retry-After; agents wait and retry too
+                status, _, payload = await conn.request("POST", "/v1/nodes/enrol", json.dumps(body).encode())
+                if status != 503:
+                    break
+                await asyncio.sleep(0.1 * (attempt + 1))
+            if status >= 300:
+                raise RuntimeError(f"POST /v1/nodes/enrol answered {status}: {payload[:300]!r}")
+            enrolment = json.loads(payload)
         finally:
             conns.put_nowait(conn)
-        fleet.nodes.append(info["id"])
-        fleet.bodies[info["id"]] = report(i, 0)
-        fleet.changed[info["id"]] = report(i, 1)
+        node_id = enrolment["node"]["id"]
+        fleet.nodes.append(node_id)
+        fleet.tokens[node_id] = enrolment["token"]
+        fleet.bodies[node_id] = report(i, 0)
+        fleet.changed[node_id] = report(i, 1)
 
     await asyncio.gather(*(one(i) for i in range(count)))
     while not conns.empty():
@@ -283,7 +296,7 @@ async def register_all(fleet: Fleet, count: int) -> None:
 
 async def poll_forever(fleet: Fleet, node_id: str, started: asyncio.Semaphore) -> None:
     """One agent's desired-state loop: a plain read, then long-polls on its revision."""
-    conn = Conn(fleet.port, fleet.token)
+    conn = Conn(fleet.port, fleet.tokens[node_id])
     async with started:
         state = await json_request(conn, "GET", f"/v1/nodes/{node_id}/desired")
     while True:
@@ -353,7 +366,9 @@ async def heartbeats(
         conn = await conns.get()
         try:
             body = fleet.changed[node_id] if chooser.random() < changed_share else fleet.bodies[node_id]
-            status, _, _ = await conn.request("POST", f"/v1/nodes/{node_id}/heartbeat", body)
+            status, _, _ = await conn.request(
+                "POST", f"/v1/nodes/{node_id}/heartbeat", body, token=fleet.tokens[node_id]
+            )
             errors += status != 204
         except (OSError, asyncio.IncompleteReadError):
             errors += 1
