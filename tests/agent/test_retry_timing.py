@@ -100,7 +100,7 @@ def test_a_failing_origin_is_retried_with_growing_capped_backoff(tmp_path: Path)
 
     async def scenario(reconciler: Reconciler) -> None:
         await reconciler.apply(desired(1, "r1"))
-        await asyncio.sleep(120)  # two virtual minutes
+        await asyncio.sleep(120)  # ok-sleep: two virtual minutes on the virtual-time loop
 
     run_virtual(lambda: reconcile_against(origin, tmp_path / "data", scenario))
     assert origin.asked[0] == pytest.approx(0.0, abs=1e-6), "the first try is immediate"
@@ -126,14 +126,14 @@ def test_a_corrupt_origin_waits_minutes_and_a_new_pointer_retries_it_at_once(tmp
 
     async def scenario(reconciler: Reconciler) -> None:
         await reconciler.apply(desired(1, "r1"))
-        await asyncio.sleep(first * 0.5)  # well inside the first wait: no second try
+        await asyncio.sleep(first * 0.5)  # ok-sleep (virtual time): well inside the first wait, no second try
         assert len(origin.asked) == 1
-        await asyncio.sleep(first * 1.5)  # past the longest jittered first wait
+        await asyncio.sleep(first * 1.5)  # ok-sleep (virtual time): past the longest jittered first wait
         assert len(origin.asked) == 2
         # The operator fixes the origin and re-points: tried again now, not minutes later.
         repointed = asyncio.get_running_loop().time()
         await reconciler.apply(desired(2, "r2"))
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # ok-sleep (virtual time): one virtual second after the re-point
         assert len(origin.asked) == 3
         assert origin.asked[2] - repointed < 0.01
 
@@ -157,7 +157,7 @@ def test_a_long_poll_expires_at_its_timeout_and_a_switch_answers_it_at_once(
         assert loop.time() == pytest.approx(300.0)
 
         async def switch_later() -> None:
-            await asyncio.sleep(42)
+            await asyncio.sleep(42)  # ok-sleep (virtual time): the switch lands 42 virtual seconds in
             book.apply("chat", 1, v1.digest, "m")
             await serving.changed()
 
