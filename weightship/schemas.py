@@ -33,6 +33,12 @@ Fleet [node calls: that node's own node token; blob URLs: agent or operator; rea
 Tickets [issue: that node's own node token; keys: any role]
     POST   /v1/tickets                             TicketRequest    -> TicketGrant (403: not entitled)
     GET    /v1/tickets/keys                                         -> TicketKeys
+Rollouts [reads: any role; create: operator, or publisher where the deployment allows it; verbs: operator]
+    POST   /v1/deployments/{name}/rollouts         RolloutCreate    -> Rollout (201; 409 rollout-active)
+    GET    /v1/deployments/{name}/rollouts                          -> RolloutList (newest first)
+    GET    /v1/deployments/{name}/rollouts/{id}                     -> Rollout (id "current": active, else latest)
+    POST   /v1/deployments/{name}/rollouts/{id}/actions RolloutAction -> Rollout (409 rollout-verb)
+    GET    /v1/rollouts?active=true                                 -> RolloutList
 Tokens [admin]
     POST   /v1/tokens                              TokenCreate      -> TokenCreated
     GET    /v1/tokens                                               -> list[TokenInfo]
@@ -55,7 +61,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -92,6 +98,14 @@ __all__ = [
     "PointerUpdate",
     "Role",
     "RollbackRequest",
+    "Rollout",
+    "RolloutAction",
+    "RolloutAnalysisRun",
+    "RolloutCreate",
+    "RolloutList",
+    "RolloutMeasurement",
+    "RolloutMetric",
+    "RolloutStep",
     "SourceTally",
     "TicketGrant",
     "TicketKeys",
@@ -237,6 +251,8 @@ class DeploymentCreate(_Schema):
 
     name: Name
     model: Name
+    #: whether a ``publisher`` token may start rollouts of this deployment (operators always may)
+    publisher_rollouts: bool = False
 
 
 class Deployment(_Schema):
@@ -650,3 +666,97 @@ class TrackerReport(_Schema):
     version: Digest
     chunk: HexDigest
     reason: Literal["corrupt", "slow", "refused"]
+
+
+# --- rollouts ------------------------------------------------------------------------------------
+
+
+class RolloutCreate(_Schema):
+    """``POST /v1/deployments/{name}/rollouts``: the engine spec (``version``, ``steps``, ...; see docs/rollouts.md).
+
+    ``spec.version`` may be a label or a ``sha256:`` digest of a ready version of the deployment's model.
+    """
+
+    spec: dict[str, Any]
+
+
+class RolloutStep(_Schema):
+    """One step of a rollout, as ``status`` shows it."""
+
+    index: int
+    kind: Literal["setWeight", "pause", "analysis", "prefetch"]
+    summary: str
+    state: Literal["done", "current", "pending"]
+
+
+class RolloutMeasurement(_Schema):
+    """One measurement of one metric: its verdict and the provider's value (or why there is none)."""
+
+    index: int
+    phase: str
+    value: Any = None
+    started_at: datetime
+    finished_at: datetime | None = None
+    message: str = ""
+
+
+class RolloutMetric(_Schema):
+    """One metric of an analysis run with every measurement taken."""
+
+    name: str
+    phase: str
+    measurements: list[RolloutMeasurement]
+
+
+class RolloutAnalysisRun(_Schema):
+    """The analysis of one step: ``Running``, then ``Successful``, ``Failed``, ``Inconclusive`` or ``Error``."""
+
+    id: str
+    step_index: int
+    phase: str
+    metrics: list[RolloutMetric]
+
+
+class Rollout(_Schema):
+    """A rollout of one version of a deployment, with where it is and what it measured.
+
+    ``weight`` is the canary percent now (0-100); ``nodes`` counts the target nodes serving each
+    digest; ``staged_nodes`` hold ``version`` verified on disk; ``status`` is the engine's stored
+    status (schema 1), ``spec`` the spec as created (``version`` resolved to a digest).
+    """
+
+    id: str
+    deployment: Name
+    model: Name
+    version: Digest
+    stable: Digest | None
+    phase: Literal["Progressing", "Paused", "Degraded", "Healthy"]
+    message: str
+    completed: bool
+    aborted: bool
+    step_index: int
+    steps_total: int
+    steps: list[RolloutStep]
+    weight: float
+    attempt: int
+    analysis_runs: list[RolloutAnalysisRun]
+    nodes: dict[str, int]
+    staged_nodes: int
+    target_nodes: int
+    spec: dict[str, Any]
+    status: dict[str, Any]
+    created_at: datetime
+    created_by: str
+    updated_at: datetime
+
+
+class RolloutList(_Schema):
+    """Rollouts, newest first."""
+
+    rollouts: list[Rollout]
+
+
+class RolloutAction(_Schema):
+    """``POST .../rollouts/{id}/actions``: a verb; the next reconcile acts on it."""
+
+    verb: Literal["promote", "promote-full", "pause", "resume", "abort", "retry"]
