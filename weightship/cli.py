@@ -17,76 +17,30 @@ through an ``httpx`` transport of the test's choosing.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from typing import Annotated
 
-import httpx
 import typer
-from pydantic import BaseModel
 from rich.console import Console, Group, RenderableType
 from rich.progress import Progress
 from rich.text import Text
 
 from weightship import display
 from weightship.chunks import DEFAULT_CHUNK_SIZE
-from weightship.cli_errors import cli_message
-from weightship.client import DEFAULT_URL, Backoff, Client
-from weightship.errors import (
-    AuthError,
-    ConflictError,
-    ForbiddenError,
-    PreconditionFailed,
-    TemporaryError,
-    ValidationError,
-    WeightshipError,
-)
+from weightship.cli_runtime import EXIT_CODES, CliSeams
+from weightship.cli_runtime import Run as _Run
+from weightship.cli_runtime import command as _command
+from weightship.cli_runtime import out as _out
+from weightship.cli_runtime import run_of as _run
+from weightship.client import DEFAULT_URL, Backoff
+from weightship.errors import PreconditionFailed, ValidationError
 from weightship.manifest import check_manifest_bytes, parse_manifest
+from weightship.rollout_cli import rollout_app
 from weightship.schemas import Role
 from weightship.sizes import parse_size
 
 __all__ = ["EXIT_CODES", "CliSeams", "app", "main"]
-
-#: Exit status by error kind; 2 is click's own usage error.
-EXIT_CODES: dict[type[WeightshipError], int] = {
-    PreconditionFailed: 3,
-    ConflictError: 3,
-    AuthError: 4,
-    ForbiddenError: 4,
-    TemporaryError: 5,
-}
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-@dataclass
-class CliSeams:
-    """What tests may inject into a CLI run: the HTTP transport, and the backoff's sleep."""
-
-    transport: httpx.BaseTransport | None = None
-    sleep: Callable[[float], None] = time.sleep
-
-
-@dataclass
-class _Run:
-    """The global options of one invocation."""
-
-    url: str
-    token: str | None
-    json: bool
-    seams: CliSeams
-
-    def client(self) -> Client:
-        # A person waits at the terminal: give up on an unreachable server after ~1 s, not ~5.
-        backoff = Backoff(attempts=3, base=0.2, cap=1.0, sleep=self.seams.sleep)
-        return Client(self.url, self.token, transport=self.seams.transport, backoff=backoff)
-
 
 app = typer.Typer(
     name="weightship",
@@ -99,6 +53,7 @@ deploy_app = typer.Typer(help="Create deployments and move their serving pointer
 token_app = typer.Typer(help="Mint, list and revoke API tokens (admin).", no_args_is_help=True)
 app.add_typer(deploy_app, name="deploy")
 app.add_typer(token_app, name="token")
+app.add_typer(rollout_app, name="rollout")
 
 
 @app.callback()
@@ -112,63 +67,6 @@ def _options(
 ) -> None:
     seams = ctx.obj if isinstance(ctx.obj, CliSeams) else CliSeams()
     ctx.obj = _Run(url=url, token=token, json=json_output, seams=seams)
-
-
-def _run(ctx: typer.Context) -> _Run:
-    run = ctx.find_root().obj
-    assert isinstance(run, _Run)
-    return run
-
-
-def _fail(run: _Run | None, error: WeightshipError) -> NoReturn:
-    code = next((c for cls, c in EXIT_CODES.items() if isinstance(error, cls)), 1)
-    if run is not None and run.json:
-        body = {"error": {"code": error.code, "message": cli_message(error)}}
-        sys.stderr.write(json.dumps(body) + "\n")
-    else:
-        line = Text.assemble(("error:", "bold red"), " ", cli_message(error))  # messages are never markup
-        Console(stderr=True, soft_wrap=True, highlight=False).print(line)
-    raise typer.Exit(code)
-
-
-def _command(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Turn ``WeightshipError`` into one red line and an exit status."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        # typer hands commands the current click context, which is not always a ``typer.Context``.
-        ctx = kwargs.get("ctx")
-        run = ctx.find_root().obj if hasattr(ctx, "find_root") else None
-        try:
-            return fn(*args, **kwargs)
-        except WeightshipError as exc:
-            _fail(run if isinstance(run, _Run) else None, exc)
-        except OSError as exc:
-            where = f" {exc.filename}" if exc.filename else ""
-            message = f"cannot read{where}: {exc.strerror or exc}; check the path exists and is readable"
-            _fail(run if isinstance(run, _Run) else None, WeightshipError(message))
-
-    return wrapper
-
-
-def _out(run: _Run, data: Any, human: Callable[[], RenderableType | None]) -> None:
-    """JSON for scripts, or the renderable ``human()`` builds for people."""
-    if run.json:
-        sys.stdout.write(json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
-        return
-    renderable = human()
-    if renderable is not None:
-        display.console().print(renderable)
-
-
-def _jsonable(data: Any) -> Any:
-    if isinstance(data, BaseModel):
-        return data.model_dump(mode="json")
-    if isinstance(data, list | tuple):
-        return [_jsonable(x) for x in data]
-    if isinstance(data, dict):
-        return {k: _jsonable(v) for k, v in data.items()}
-    return data
 
 
 def _parse_size(text: str) -> int:

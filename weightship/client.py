@@ -17,15 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
 from weightship.backoff import Backoff
 from weightship.chunks import DEFAULT_CHUNK_SIZE
-from weightship.errors import NotFoundError
+from weightship.errors import NotFoundError, ValidationError
 from weightship.http import Params, Session, parse, parse_list, segment
+from weightship.modelrollout import VERBS
 from weightship.publishing import PublishProgress, PublishResult, publish_directory
 from weightship.schemas import (
     BlobURLRequest,
@@ -46,6 +47,10 @@ from weightship.schemas import (
     PointerUpdate,
     Role,
     RollbackRequest,
+    Rollout,
+    RolloutAction,
+    RolloutCreate,
+    RolloutList,
     TokenCreate,
     TokenCreated,
     TokenInfo,
@@ -258,6 +263,39 @@ class Client:
     def deployment_status(self, name: str) -> DeploymentStatus:
         """How each version of ``name`` stands across the fleet."""
         return self._get(f"/v1/deployments/{segment(name)}/status", DeploymentStatus)
+
+    # --- rollouts ------------------------------------------------------------------------------
+
+    def start_rollout(self, deployment: str, spec: dict[str, Any]) -> Rollout:
+        """Start a rollout of ``deployment`` with the engine ``spec`` (``version``, ``steps``...).
+
+        Raises ``ConflictError`` (code ``rollout-active``) while another rollout of it is active.
+        """
+        body = RolloutCreate(spec=spec)
+        return parse(Rollout, self.session.send("POST", f"/v1/deployments/{segment(deployment)}/rollouts", json=body))
+
+    def list_rollouts(self, deployment: str | None = None, *, active: bool = False) -> list[Rollout]:
+        """Rollouts of ``deployment`` (newest first), or with ``active`` those in progress across deployments."""
+        if deployment is not None:
+            found = self._get(f"/v1/deployments/{segment(deployment)}/rollouts", RolloutList).rollouts
+            return [r for r in found if not r.completed] if active else found
+        return self._get("/v1/rollouts", RolloutList, active="true" if active else "false").rollouts
+
+    def get_rollout(self, deployment: str, rollout_id: str = "current") -> Rollout:
+        """One rollout of ``deployment``; ``current`` is its active rollout, else its latest."""
+        return self._get(f"/v1/deployments/{segment(deployment)}/rollouts/{segment(rollout_id)}", Rollout)
+
+    def act_on_rollout(self, deployment: str, verb: str, rollout_id: str = "current") -> Rollout:
+        """Apply ``verb`` (promote, promote-full, pause, resume, abort, retry) to a rollout.
+
+        Raises ``ConflictError`` (code ``rollout-verb``) when the verb does not fit its state; the
+        message says which verb does.
+        """
+        if verb not in VERBS:
+            raise ValidationError(f"{verb!r} is not a rollout verb: use one of {', '.join(VERBS)}")
+        body = RolloutAction.model_validate({"verb": verb})
+        path = f"/v1/deployments/{segment(deployment)}/rollouts/{segment(rollout_id)}/actions"
+        return parse(Rollout, self.session.send("POST", path, json=body))
 
     # --- fleet ---------------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from controlplane.rollouts.spec import RolloutSpec, RolloutSpecError, parse_spec
 from controlplane.rollouts.status import RolloutStatus
 from weightship.errors import ConflictError, TemporaryError
 from weightship.logs import event
+from weightship.modelrollout import verb_done
 
 __all__ = ["ANNOTATION_SCALE_DOWN_AT", "EventSink", "RolloutDriver"]
 
@@ -383,6 +384,6 @@ def _apply_verb(verb: str, spec: RolloutSpec, status: RolloutStatus, now: dateti
     if function is None:
         return status, f"{verb}: unknown verb; use one of {sorted(table)}"
     try:
-        return function(spec, status, now), f"{verb}: done"
+        return function(spec, status, now), verb_done(verb)
     except verbs.VerbError as exc:
         return status, exc.message

@@ -29,6 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.rollouts.spec import RolloutSpecError
+from weightship.modelrollout import (  # the shared contract: the CLI's --kube mode speaks it too
+    ANNOTATION_DIGEST,
+    ANNOTATION_VERB,
+    GROUP,
+    LABEL_DIGEST,
+    LABEL_ROLE,
+    LABEL_ROLLOUT,
+    PLURAL,
+    VERSION,
+)
 
 __all__ = [
     "ANNOTATION_DIGEST",
@@ -44,21 +54,6 @@ __all__ = [
     "digest_label",
     "parse_rollout",
 ]
-
-GROUP = "weightship.io"
-VERSION = "v1alpha1"
-PLURAL = "modelrollouts"
-
-#: On ReplicaSets and their pods: which rollout they belong to and which version they serve.
-LABEL_ROLLOUT = "weightship.io/rollout"
-#: The digest's first 32 hex digits (a label value holds at most 63 characters; the full digest
-#: is in the ``weightship.io/digest`` annotation and the pods' ``WEIGHTSHIP_DIGEST`` variable).
-LABEL_DIGEST = "weightship.io/digest"
-#: On ReplicaSets only (never on pods, so changing it restarts nothing): stable, canary, previous, retired.
-LABEL_ROLE = "weightship.io/role"
-ANNOTATION_DIGEST = "weightship.io/digest"
-#: ``kubectl annotate mro/chat weightship.io/verb=promote-full`` (any suffix after ``@`` makes a repeat distinct).
-ANNOTATION_VERB = "weightship.io/verb"
 
 
 def digest_label(digest: str) -> str:
