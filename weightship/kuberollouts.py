@@ -146,13 +146,12 @@ class KubeRollouts:
             answer = call(*args, _preload_content=False, **kwargs)
         except k8s.client.exceptions.ApiException as exc:
             raise self._mapped(exc, what) from None
-        except (OSError, ValueError) as exc:  # urllib3's errors are OSErrors or ValueErrors
+        except (OSError, k8s.client.rest.urllib3.exceptions.HTTPError) as exc:
+            cause = getattr(exc, "reason", None) or exc  # MaxRetryError: the last attempt's error
             raise TemporaryError(
-                f"{what}: the Kubernetes API at {self.api_client.configuration.host} is unreachable ({exc}); "
+                f"{what}: the Kubernetes API at {self.api_client.configuration.host} is unreachable ({cause}); "
                 "check --context and that the cluster answers (`kubectl cluster-info`)"
             ) from None
-        except Exception as exc:  # urllib3.exceptions.HTTPError and friends: not ours to let through
-            raise TemporaryError(f"{what}: the Kubernetes API call failed ({type(exc).__name__}: {exc})") from None
         data = answer.data
         loaded: Body = json.loads(data) if data else {}
         return loaded
