@@ -38,14 +38,14 @@ class Cli:
 
     kubeconfig: Path
 
-    async def __call__(self, *args: str, timeout: float = 60.0) -> tuple[int, str, str]:
+    async def __call__(self, *args: str, seconds: float = 60.0) -> tuple[int, str, str]:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
         env.pop("WEIGHTSHIP_URL", None)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-c", "from weightship.cli import main; main()", *args,
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(), timeout)
+        out, err = await asyncio.wait_for(process.communicate(), seconds)
         assert process.returncode is not None
         return process.returncode, out.decode(), err.decode()
 
@@ -120,19 +120,22 @@ async def test_kube_list_and_a_missing_modelrollout(
 
     code, _, err = await cli("rollout", "status", "nope", "--context", "kmock")
     assert code == 1
-    assert f"ModelRollout {NAMESPACE}/nope" in err and "not found" in err
+    assert f"ModelRollout {NAMESPACE}/nope" in err
+    assert "not found" in err
     assert f"weightship rollout list --kube --namespace {NAMESPACE}" in err
 
 
 async def test_kube_an_unreachable_cluster_and_an_unknown_context_are_one_line_each(cli: Cli) -> None:
     code, _, err = await cli("rollout", "status", "chat", "--kube")  # current context: a closed port
     assert code == 5
-    assert "is unreachable" in err and "--context" in err
+    assert "is unreachable" in err
+    assert "--context" in err
     assert err.count("\n") == 1
 
     code, _, err = await cli("rollout", "status", "chat", "--context", "nope")
     assert code == 1
-    assert "no context 'nope'" in err and "elsewhere, kmock" in err
+    assert "no context 'nope'" in err
+    assert "elsewhere, kmock" in err
 
 
 async def test_kube_a_verb_no_operator_answers_times_out_and_stays_requested(
@@ -157,7 +160,8 @@ async def test_kube_a_verb_on_a_refused_modelrollout_is_refused_with_the_operato
 
     code, _, err = await cli("rollout", "promote", "chat", "--context", "kmock", "--wait", "10")
     assert code == 3
-    assert "refused by the operator" in err and "'v99'" in err
+    assert "refused by the operator" in err
+    assert "'v99'" in err
 
     code, out, _ = await cli("--json", "rollout", "status", "chat", "--context", "kmock", "--watch", "--timeout", "10")
     assert code == 1  # --watch ends on a rollout that cannot progress
@@ -195,4 +199,5 @@ async def test_kube_abort_then_retry_and_a_verb_that_does_not_fit(
     aborted = await cli.json("abort", "chat", "--context", "kmock", "--wait", "20")
     assert (aborted["phase"], aborted["aborted"]) == ("Degraded", True)
     retried = await cli.json("retry", "chat", "--context", "kmock", "--wait", "20")
-    assert retried["phase"] != "Degraded" and retried["attempt"] == 2
+    assert retried["phase"] != "Degraded"
+    assert retried["attempt"] == 2

@@ -234,7 +234,8 @@ def test_list_across_deployments_or_of_one() -> None:
 
     result = invoke(handler, "rollout", "list", "--active")
     assert result.exit_code == 0, result.stderr
-    assert "r-7f3a" in result.stdout and "r-0001" in result.stdout
+    assert "r-7f3a" in result.stdout
+    assert "r-0001" in result.stdout
     result = invoke(handler, "--json", "rollout", "list", "chat-prod", "--active")
     assert [r["id"] for r in json.loads(result.stdout)] == ["r-7f3a"]  # the completed one is not active
     assert seen == ["http://x/v1/rollouts?active=true", "http://x/v1/deployments/chat-prod/rollouts"]
@@ -252,7 +253,8 @@ def test_watch_prints_a_json_line_per_change_and_ends_when_the_rollout_completes
     assert result.exit_code == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(x["step_index"], x["phase"]) for x in lines] == [(1, "Progressing"), (2, "Progressing"), (3, "Healthy")]
-    assert clock.sleeps == [2.0, 2.0, 2.0] and not states
+    assert clock.sleeps == [2.0, 2.0, 2.0]
+    assert not states
 
 
 def test_watch_ends_non_zero_when_the_rollout_degrades() -> None:
