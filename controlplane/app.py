@@ -54,11 +54,13 @@ async def _sweep_uploads_forever(state: AppState) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
     from controlplane import tokens
-    from controlplane.http import deployments, fleet, publish, registry
+    from controlplane.http import deployments, fleet, publish, registry, rollouts
     from controlplane.http import tickets as ticket_routes
     from controlplane.http import tokens as token_routes
     from controlplane.persistence import migrate
     from controlplane.persistence.store import open_store
+    from controlplane.rollout_driver import FleetRolloutDriver
+    from controlplane.rollouts.providers import ProviderRegistry
 
     settings = settings or Settings()
 
@@ -77,13 +79,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tokens.bootstrap_admin(state)
         state.metrics_registry.register(QueryCounter(engine))
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))
+        providers = ProviderRegistry.default()
+        driver = FleetRolloutDriver(state, providers)
+        driver.loop = asyncio.get_running_loop()
+        app.state.rollouts = driver
+        tasks = [sweeper]
+        if settings.rollout_tick_seconds > 0:
+            tasks.append(asyncio.create_task(driver.run_forever(settings.rollout_tick_seconds), name="rollouts"))
         try:
             async with watching(state):
                 yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await providers.aclose()
             engine.dispose()
 
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
@@ -109,7 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body = await run_in_threadpool(generate_latest, state.metrics_registry)  # the fleet gauges query the database
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    for module in (publish, registry, deployments, fleet, token_routes, ticket_routes):
+    for module in (publish, registry, deployments, fleet, token_routes, ticket_routes, rollouts):
         problems.document(module.router)
         app.include_router(module.router)
     return app

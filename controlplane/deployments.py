@@ -65,6 +65,7 @@ __all__ = [
     "new_deployment",
     "notify_pointer_changed",
     "parse_if_match",
+    "pointer_action",
     "resolve_ready",
     "roll_back",
     "to_schema",
@@ -286,7 +287,8 @@ async def notify_pointer_changed(state: AppState) -> None:
     await state.changes.announce(DEPLOYMENTS)
 
 
-def _action(before: Pointer, after: Pointer) -> str:
+def pointer_action(before: Pointer, after: Pointer) -> str:
+    """The audit action of a pointer change: ``promote``, ``abort``, ``canary`` or ``set``."""
     if before.canary is not None and after.canary is None and after.stable == before.canary != before.stable:
         return "promote"
     if after.stable == before.stable and after.canary is None and before.canary is not None:
@@ -330,7 +332,7 @@ def move_pointer(state: AppState, name: str, expected: int, body: PointerUpdate,
         before,
         after,
         model=model,
-        action=_action(before, after),
+        action=pointer_action(before, after),
         actor=actor,
         reason=body.reason,
     )
@@ -376,6 +378,7 @@ def new_deployment(state: AppState, body: DeploymentCreate) -> Deployment:
         canary_share=0.0,
         epoch=0,
         updated_at=utcnow(),
+        publisher_rollouts=body.publisher_rollouts or None,
     )
     with state.sessions() as session:
         if session.get(ModelRow, body.model) is None:

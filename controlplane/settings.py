@@ -83,6 +83,13 @@ class Settings:
     #: largest request body accepted on routes without a limit of their own (``controlplane.limits``)
     max_body_bytes: int = field(default_factory=lambda: _number("WEIGHTSHIP_MAX_BODY_BYTES", str(64 * 1024), int))
 
+    #: how often this process's rollout driver reconciles the active rollouts it leases; 0: no driver
+    rollout_tick_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_ROLLOUT_TICK_SECONDS", "2", float))
+    #: how long a rollout's lease lasts unless renewed; another process takes it over after that
+    rollout_lease_seconds: float = field(
+        default_factory=lambda: _number("WEIGHTSHIP_ROLLOUT_LEASE_SECONDS", "15", float)
+    )
+
     def local_store_path(self) -> Path | None:
         """The directory of a ``local:`` store, else ``None``."""
         if self.store_url.startswith("local:"):

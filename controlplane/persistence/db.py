@@ -18,6 +18,10 @@ Tables and what they promise:
   plane (or a store checksum covering exactly those digests) verified every byte of the blob under
   that geometry; never updated. A manifest naming a known blob at a known chunk size must state
   exactly this list.
+- ``rollouts``: one row per rollout (spec, engine status with every measurement, the fleet as the
+  driver last saw it); ``active_deployment`` is the deployment's name while the rollout is active,
+  else NULL, and UNIQUE: one active rollout per deployment. ``lease_holder``/``lease_expires_at``
+  name the process that drives it; ``row_version`` fences status writes (compare-and-swap).
 - ``ticket_keys``: the ed25519 keys that sign entitlement tickets (``controlplane.tickets``); the
   newest not retired signs, all not retired are published. Shared by every replica.
 
@@ -75,6 +79,7 @@ __all__ = [
     "NodeRow",
     "PointerEventRow",
     "QueryCounter",
+    "RolloutRow",
     "TicketKeyRow",
     "TokenRow",
     "UploadSessionRow",
@@ -181,6 +186,8 @@ class DeploymentRow(Base):
     canary_share: Mapped[float] = mapped_column(Float, default=0.0)
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    #: whether publisher tokens may start rollouts of it (NULL: no)
+    publisher_rollouts: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
 
 class PointerEventRow(Base):
@@ -255,6 +262,31 @@ class TicketKeyRow(Base):
     public_key: Mapped[str] = mapped_column(String(64))
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class RolloutRow(Base):
+    """A rollout: spec, engine status, fleet view, the lease of the process driving it."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = (UniqueConstraint("active_deployment", name="uq_rollouts_active_deployment"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    deployment: Mapped[str] = mapped_column(ForeignKey("deployments.name"), index=True)
+    #: ``deployment`` while the rollout is active, else NULL; unique: one active rollout per deployment
+    active_deployment: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    version: Mapped[str] = mapped_column(DIGEST)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: the engine's ``RolloutStatus.to_dict()``; NULL until the first reconcile
+    status: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    #: analysis runs of earlier attempts (a retry starts with none)
+    past_runs: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    #: what the driver last observed: nodes per digest, staged and target nodes
+    fleet: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    row_version: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 #: defaults of ``make_engine``'s bounds, the same as ``Settings``' (seconds, connections)

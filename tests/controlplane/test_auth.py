@@ -80,6 +80,12 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     # tickets: a ticket names the node it is issued to, so only a node token, not even an admin's
     ("POST", "/v1/tickets"): frozenset({NODE}),
     ("GET", "/v1/tickets/keys"): ANY,
+    # rollouts: publishers may start one only where the deployment allows it (checked after the role)
+    ("POST", "/v1/deployments/{}/rollouts"): only(OPERATOR, PUBLISHER),
+    ("GET", "/v1/deployments/{}/rollouts"): ANY,
+    ("GET", "/v1/deployments/{}/rollouts/{}"): ANY,
+    ("POST", "/v1/deployments/{}/rollouts/{}/actions"): only(OPERATOR),
+    ("GET", "/v1/rollouts"): ANY,
 }
 
 #: routes authorised by an HMAC-signed URL instead of a token: a bad signature is refused whoever asks

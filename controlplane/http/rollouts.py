@@ -1,0 +1,93 @@
+"""HTTP routes of rollouts (``controlplane.rollout_resources``): create, read, list, verbs.
+
+The contract (shared with the CLI) is in ``docs/api.md``; the fleet driver that moves rollouts
+forward (``controlplane.rollout_driver``) is woken after a create or a verb in this process.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, status
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.auth import ANY_ROLE, Principal
+from controlplane.http import state_of
+from controlplane.http.auth import require
+from controlplane.http.problems import errors
+from controlplane.rollout_driver import FleetRolloutDriver
+from controlplane.rollout_resources import apply_verb, create_rollout, get_rollout, list_rollouts
+from weightship.schemas import Role, Rollout, RolloutAction, RolloutCreate, RolloutList
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["rollouts"])
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def _driver(request: Request) -> FleetRolloutDriver:
+    driver = request.app.state.rollouts
+    assert isinstance(driver, FleetRolloutDriver), "the application's lifespan sets app.state.rollouts"
+    return driver
+
+
+@router.post(
+    "/v1/deployments/{name}/rollouts",
+    status_code=status.HTTP_201_CREATED,
+    response_model=Rollout,
+    responses=errors(404, 409, 422),
+)
+async def start_rollout(
+    name: str,
+    body: RolloutCreate,
+    request: Request,
+    principal: Principal = Depends(require(Role.operator, Role.publisher)),
+) -> Rollout:
+    """Start a rollout of ``spec.version``; 409 ``rollout-active`` if one is active, 422 for a bad spec."""
+    driver = _driver(request)
+    rollout = await run_in_threadpool(create_rollout, state_of(request), name, body, principal, driver.check_spec)
+    driver.wake()
+    return rollout
+
+
+@router.get("/v1/deployments/{name}/rollouts", response_model=RolloutList, responses=errors(404))
+def deployment_rollouts(
+    name: str, request: Request, limit: Limit = 100, _principal: Principal = Depends(require(*ANY_ROLE))
+) -> RolloutList:
+    """The deployment's rollouts, newest first."""
+    return RolloutList(rollouts=list_rollouts(state_of(request), name, active=False, limit=limit))
+
+
+@router.get("/v1/rollouts", response_model=RolloutList)
+def all_rollouts(
+    request: Request,
+    active: bool = False,
+    limit: Limit = 100,
+    _principal: Principal = Depends(require(*ANY_ROLE)),
+) -> RolloutList:
+    """Rollouts of every deployment, newest first; ``active=true``: only the active ones."""
+    return RolloutList(rollouts=list_rollouts(state_of(request), None, active=active, limit=limit))
+
+
+@router.get("/v1/deployments/{name}/rollouts/{rollout_id}", response_model=Rollout, responses=errors(404))
+def one_rollout(
+    name: str, rollout_id: str, request: Request, _principal: Principal = Depends(require(*ANY_ROLE))
+) -> Rollout:
+    """One rollout; ``current`` names the active one, else the latest."""
+    return get_rollout(state_of(request), name, rollout_id)
+
+
+@router.post("/v1/deployments/{name}/rollouts/{rollout_id}/actions", response_model=Rollout, responses=errors(404, 409))
+async def rollout_action(
+    name: str,
+    rollout_id: str,
+    body: RolloutAction,
+    request: Request,
+    principal: Principal = Depends(require(Role.operator)),
+) -> Rollout:
+    """Apply a verb; 409 ``rollout-verb`` when it does not fit the rollout's state (the message says what does)."""
+    driver = _driver(request)
+    rollout = await run_in_threadpool(apply_verb, state_of(request), name, rollout_id, body.verb, principal)
+    driver.wake()
+    return rollout
