@@ -6,17 +6,17 @@ signals that do (``docs/autoscaling.md``), computed from the model servers' coun
 send in heartbeats (``controlplane.traffic``) when ``/metrics`` is scraped, so every replica
 reports the same numbers:
 
-``weightship_serve_queue_depth{deployment,version}``
+``weightship_deployment_queue_depth{deployment,version}``
     requests waiting for a worker now, summed over live nodes;
-``weightship_serve_request_rate{deployment,version}``
+``weightship_deployment_request_rate{deployment,version}``
     requests per second over the last ``SIGNAL_WINDOW_SECONDS``;
-``weightship_serve_error_ratio{deployment,version}``
+``weightship_deployment_error_ratio{deployment,version}``
     server-side errors per request over that window (absent without requests);
-``weightship_serve_latency_seconds{deployment,version,quantile}``
+``weightship_deployment_latency_seconds{deployment,version,quantile}``
     p50 and p99 latency over that window (absent without requests);
-``weightship_serving_nodes{deployment,version}``
+``weightship_deployment_serving_nodes{deployment,version}``
     live nodes serving the version;
-``weightship_staged_capacity_nodes{deployment,version}``
+``weightship_deployment_staged_capacity_nodes{deployment,version}``
     live nodes of the deployment holding its stable version verified on disk but not serving it:
     warm capacity that can serve within a load, without a download.
 """
@@ -90,9 +90,11 @@ class AutoscalingCollector(Collector):
             log.warning("autoscaling_metrics_unavailable error=%r", err.message)
             return
         yield from _traffic_families(live, found)
-        serving = GaugeMetricFamily("weightship_serving_nodes", "Live nodes serving the version", labels=_LABELS)
+        serving = GaugeMetricFamily(
+            "weightship_deployment_serving_nodes", "Live nodes serving the version", labels=_LABELS
+        )
         staged = GaugeMetricFamily(
-            "weightship_staged_capacity_nodes",
+            "weightship_deployment_staged_capacity_nodes",
             "Live nodes holding the deployment's stable version verified but not serving it (warm capacity)",
             labels=_LABELS,
         )
@@ -113,7 +115,7 @@ class AutoscalingCollector(Collector):
 
 def _traffic_families(live: FleetSample, found: dict[str, Window | None]) -> Iterable[GaugeMetricFamily]:
     queue = GaugeMetricFamily(
-        "weightship_serve_queue_depth",
+        "weightship_deployment_queue_depth",
         "Requests waiting for a model-server worker, summed over live nodes",
         labels=_LABELS,
     )
@@ -126,15 +128,17 @@ def _traffic_families(live: FleetSample, found: dict[str, Window | None]) -> Ite
             queue.add_metric([name, digest], depth)
     yield queue
     rate = GaugeMetricFamily(
-        "weightship_serve_request_rate", f"Requests per second over the last {SIGNAL_WINDOW_SECONDS:g}s", labels=_LABELS
+        "weightship_deployment_request_rate",
+        f"Requests per second over the last {SIGNAL_WINDOW_SECONDS:g}s",
+        labels=_LABELS,
     )
     errors = GaugeMetricFamily(
-        "weightship_serve_error_ratio",
+        "weightship_deployment_error_ratio",
         f"Server-side errors per request over the last {SIGNAL_WINDOW_SECONDS:g}s",
         labels=_LABELS,
     )
     latency = GaugeMetricFamily(
-        "weightship_serve_latency_seconds",
+        "weightship_deployment_latency_seconds",
         f"Request latency quantiles over the last {SIGNAL_WINDOW_SECONDS:g}s",
         labels=[*_LABELS, "quantile"],
     )

@@ -165,12 +165,12 @@ def test_metrics_export_queue_depth_rate_latency_and_staged_capacity(
     def value(name: str, version: str, **labels: str) -> float:
         return scraped[(name, tuple(sorted({"deployment": "chat", "version": version, **labels}.items())))]
 
-    assert value("weightship_serve_queue_depth", v1) == 3
-    assert value("weightship_serve_queue_depth", v2) == 1
-    assert 120 / 62 <= value("weightship_serve_request_rate", v1) <= 120 / 59
-    assert value("weightship_serve_error_ratio", v2) == pytest.approx(0.1)
-    assert 0.025 < value("weightship_serve_latency_seconds", v1, quantile="0.5") <= 0.05
-    assert 0.5 < value("weightship_serve_latency_seconds", v2, quantile="0.99") <= 1.0
-    assert value("weightship_serving_nodes", v1) == 1
-    assert value("weightship_serving_nodes", v2) == 1
-    assert value("weightship_staged_capacity_nodes", v1) == 1
+    assert value("weightship_deployment_queue_depth", v1) == 3
+    assert value("weightship_deployment_queue_depth", v2) == 1
+    assert 120 / 62 <= value("weightship_deployment_request_rate", v1) <= 120 / 59
+    assert value("weightship_deployment_error_ratio", v2) == pytest.approx(0.1)
+    assert 0.025 < value("weightship_deployment_latency_seconds", v1, quantile="0.5") <= 0.05
+    assert 0.5 < value("weightship_deployment_latency_seconds", v2, quantile="0.99") <= 1.0
+    assert value("weightship_deployment_serving_nodes", v1) == 1
+    assert value("weightship_deployment_serving_nodes", v2) == 1
+    assert value("weightship_deployment_staged_capacity_nodes", v1) == 1

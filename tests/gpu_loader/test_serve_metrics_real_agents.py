@@ -139,7 +139,9 @@ async def test_model_server_counters_reach_the_builtin_provider_and_metrics_thro
         def exported() -> Scraped | None:
             found = scrape(cp)
             return (
-                found if ("weightship_serve_request_rate", (("deployment", "chat"), ("version", v2))) in found else None
+                found
+                if ("weightship_deployment_request_rate", (("deployment", "chat"), ("version", v2))) in found
+                else None
             )
 
         signals = await eventually(exported, 30, "the autoscaling signals on /metrics")
@@ -147,12 +149,15 @@ async def test_model_server_counters_reach_the_builtin_provider_and_metrics_thro
         def value(name: str, version: str) -> float:
             return signals[(name, (("deployment", "chat"), ("version", version)))]
 
-        assert value("weightship_serve_request_rate", v1) > 0
-        assert value("weightship_serve_request_rate", v2) > 0
-        assert value("weightship_serve_queue_depth", v2) == 0
-        assert (value("weightship_serving_nodes", v1), value("weightship_serving_nodes", v2)) == (1, 1)
+        assert value("weightship_deployment_request_rate", v1) > 0
+        assert value("weightship_deployment_request_rate", v2) > 0
+        assert value("weightship_deployment_queue_depth", v2) == 0
+        assert (value("weightship_deployment_serving_nodes", v1), value("weightship_deployment_serving_nodes", v2)) == (
+            1,
+            1,
+        )
         # The canary node still holds v1 verified but serves v2: one node of warm capacity for the stable version.
-        assert value("weightship_staged_capacity_nodes", v1) == 1
+        assert value("weightship_deployment_staged_capacity_nodes", v1) == 1
     finally:
         engine.dispose()
         for server in servers:
