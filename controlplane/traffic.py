@@ -239,11 +239,11 @@ async def sample_forever(
 ) -> None:
     """Take a sample every ``every`` seconds until cancelled; a database outage skips samples, never stops."""
     while True:
+        await asyncio.sleep(every)  # ok-sleep: the sampling period itself
         try:
             await asyncio.to_thread(_sample_once, sessions, stale_seconds, retention_seconds)
         except TemporaryError as exc:
             event(log, "traffic.sample_failed", logging.WARNING, error=exc.message)
-        await asyncio.sleep(every)  # ok-sleep: the sampling period itself
 
 
 def _sample_once(sessions: sessionmaker[Session], stale_seconds: float, retention_seconds: float) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime, timedelta
 
 import httpx
@@ -10,8 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete
 
-from controlplane.persistence.db import ServeSampleRow, utcnow
-from controlplane.settings import Settings
+from controlplane.persistence.db import NodeRow, ServeSampleRow, utcnow
 from controlplane.state import AppState
 from controlplane.traffic import take_sample, window
 from tests.controlplane.conftest import SeedVersions
@@ -25,12 +23,6 @@ Headers = dict[str, str]
 SINCE = "2026-12-01T06:00:00+00:00"
 #: windows are read with a generous staleness: the test's clock runs ahead of the heartbeats
 STALE = 3600.0
-
-
-@pytest.fixture
-def cp_settings(cp_settings: Settings) -> Settings:
-    """The background sampler samples once at start-up only: the tests take their samples themselves."""
-    return dataclasses.replace(cp_settings, serve_sample_seconds=3600.0)
 
 
 @pytest.fixture
@@ -112,7 +104,7 @@ def test_no_data_until_samples_cover_half_the_window(
     node = register(cp_client, admin, "node-a", "chat")
     heartbeat(cp_client, admin, node, SINCE, [Served(chat["v1"])])
     with cp_state.sessions() as session:
-        session.execute(delete(ServeSampleRow))  # the sampler's start-up sample: as if it never ran
+        session.execute(delete(ServeSampleRow))  # no sample at all, as just after a first start
         oldest = utcnow()
         take_sample(session, oldest, STALE, 7200.0)
         assert window(session, "chat", 600.0, oldest + timedelta(seconds=299), STALE) is None
@@ -174,3 +166,17 @@ def test_metrics_export_queue_depth_rate_latency_and_staged_capacity(
     assert value("weightship_deployment_serving_nodes", v1) == 1
     assert value("weightship_deployment_serving_nodes", v2) == 1
     assert value("weightship_deployment_staged_capacity_nodes", v1) == 1
+
+
+def test_a_malformed_serve_report_is_refused_naming_the_field_and_stores_nothing(
+    cp_client: httpx.Client, cp_state: AppState, admin: Headers, chat: dict[str, str]
+) -> None:
+    node = register(cp_client, admin, "node-a", "chat")
+    entry = {**Served(chat["v1"]).body(), "requests": 5, "latency_le": [5, 4] + [4] * 10}
+    response = cp_client.post(
+        f"/v1/nodes/{node}/heartbeat", json={"serve": {"since": SINCE, "versions": [entry]}}, headers=admin
+    )
+    assert response.status_code == 422
+    assert "latency_le" in response.text
+    with cp_state.sessions() as session:
+        assert (session.get(NodeRow, node) or NodeRow()).report.get("serve") is None

@@ -8,7 +8,6 @@ plane whose nodes heartbeat their counters over HTTP.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 from datetime import timedelta
 from typing import Any
@@ -22,7 +21,6 @@ from controlplane.rollouts.analysis import MeasurementPhase, judge_measurement
 from controlplane.rollouts.providers import ProviderRegistry, ProviderSpecError, RolloutContext
 from controlplane.rollouts.providers.builtin import BuiltinProvider, judge_window
 from controlplane.rollouts.spec import AnalysisStep, parse_spec
-from controlplane.settings import Settings
 from controlplane.state import AppState
 from controlplane.traffic import Totals, Window, take_sample
 from tests.controlplane.conftest import SeedVersions
@@ -141,12 +139,6 @@ def test_too_little_traffic_is_no_data_never_success(
 
 
 # --- measurements against a live control plane --------------------------------------------------------
-
-
-@pytest.fixture
-def cp_settings(cp_settings: Settings) -> Settings:
-    """The background sampler samples once at start-up only: the test takes its samples itself."""
-    return dataclasses.replace(cp_settings, serve_sample_seconds=3600.0)
 
 
 def test_measurements_read_heartbeats_of_two_nodes_and_judge_the_canary(
