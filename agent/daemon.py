@@ -46,6 +46,7 @@ from agent.peerserver import ChunkLocator, PeerServer, VersionChunks
 from agent.rangeclient import RangeClient
 from agent.reconcile import Reconciler
 from agent.retention import Retention
+from agent.servemetrics import ServeMetricsBook
 from agent.serving import Serving
 from agent.sources import Sources
 from agent.store import VersionStore
@@ -94,6 +95,7 @@ class Agent:
         self.store = VersionStore(config.data_dir)
         self.book = EpochBook(self.store.state_dir / "deployments.json")
         self.counters = Counters()
+        self.serve_metrics = ServeMetricsBook()
         self.serving = Serving(self.store, self.book)
         self.controlplane = controlplane or ControlPlaneClient(config.control_plane, config.token)
         self.node_id: str | None = None
@@ -229,6 +231,7 @@ class Agent:
             ),
             validation=list(self._reports),
             refused=self.reconciler.refused(),
+            serve=self.serve_metrics.snapshot(),
         )
 
     def _report(self, report: ValidationReport) -> None:
@@ -242,7 +245,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.store.recover)
         cfg = self.config
-        api = LocalAPI(self.serving, self.heartbeat, self._report)
+        api = LocalAPI(self.serving, self.heartbeat, self._report, self.serve_metrics.receive)
         self.local_api_url = await api.start(cfg.local_api)
         if self.cache is not None:
             await loop.run_in_executor(self.executor, self.cache.store.recover)

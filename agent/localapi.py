@@ -8,6 +8,7 @@ the weights). Routes, under ``/local/v1`` (schemas in ``weightship.schemas``)::
     GET  /deployments/{name}/wait?after_epoch=N&timeout=S
                                  -> LocalDeployment once ready at an epoch > N; 204 on timeout
     POST /validation             ValidationReport      -> 204, forwarded in the next heartbeat
+    POST /serve-metrics          ServeReport           -> 204, summed per version into the heartbeat
     GET  /status                                       -> NodeHeartbeat (what the agent reports)
 
 ``wait`` is both "wait until ready" (``after_epoch=0``) and a long-poll of switches (pass the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable
+from typing import TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -28,13 +30,15 @@ from pydantic import ValidationError as PydanticValidationError
 from agent.serving import Serving
 from weightship.errors import ValidationError
 from weightship.logs import event
-from weightship.schemas import ErrorBody, ErrorDetail, NodeHeartbeat, ValidationReport
+from weightship.schemas import ErrorBody, ErrorDetail, NodeHeartbeat, ServeReport, ValidationReport
 
 __all__ = ["MAX_WAIT_SECONDS", "LocalAPI"]
 
 log = logging.getLogger("agent.localapi")
 
 MAX_WAIT_SECONDS = 300.0
+
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
 def _json(model: BaseModel | list[BaseModel], status: int = 200) -> web.Response:
@@ -49,6 +53,16 @@ def _error(status: int, code: str, message: str) -> web.Response:
     return _json(ErrorBody(error=ErrorDetail(code=code, message=message)), status)
 
 
+async def _body(request: web.Request, schema: type[_Body]) -> _Body | web.Response:
+    """The request's JSON as ``schema``, or the 422 answer naming the first bad field."""
+    try:
+        return schema.model_validate_json(await request.read())
+    except PydanticValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid body')}")
+
+
 class LocalAPI:
     """The aiohttp application and its listener."""
 
@@ -57,10 +71,12 @@ class LocalAPI:
         serving: Serving,
         status: Callable[[], NodeHeartbeat],
         on_report: Callable[[ValidationReport], None],
+        on_serve_metrics: Callable[[ServeReport], None] | None = None,
     ) -> None:
         self.serving = serving
         self.status = status
         self.on_report = on_report
+        self.on_serve_metrics = on_serve_metrics
         self.app = web.Application()
         self.app.add_routes(
             [
@@ -68,6 +84,7 @@ class LocalAPI:
                 web.get("/local/v1/deployments/{name}", self._get),
                 web.get("/local/v1/deployments/{name}/wait", self._wait),
                 web.post("/local/v1/validation", self._validation),
+                web.post("/local/v1/serve-metrics", self._serve_metrics),
                 web.get("/local/v1/status", self._status),
             ]
         )
@@ -141,14 +158,19 @@ class LocalAPI:
         return _json(view)
 
     async def _validation(self, request: web.Request) -> web.Response:
-        try:
-            report = ValidationReport.model_validate_json(await request.read())
-        except PydanticValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid report')}")
+        report = await _body(request, ValidationReport)
+        if isinstance(report, web.Response):
+            return report
         self.on_report(report)
         event(log, "validation.received", deployment=report.deployment, digest=report.digest, passed=report.passed)
+        return web.Response(status=204)
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        report = await _body(request, ServeReport)
+        if isinstance(report, web.Response):
+            return report
+        if self.on_serve_metrics is not None:
+            self.on_serve_metrics(report)
         return web.Response(status=204)
 
     async def _status(self, _request: web.Request) -> web.Response:

@@ -23,11 +23,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from controlplane.autoscaling import AutoscalingCollector
 from controlplane.http import problems, state_of
 from controlplane.http.limits import BodyLimit
 from controlplane.persistence.db import QueryCounter, database_errors, make_engine
 from controlplane.settings import Settings
 from controlplane.state import AppState
+from controlplane.traffic import sample_forever
 from controlplane.watcher import watching
 from weightship.errors import WeightshipError
 
@@ -78,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ws = state
         tokens.bootstrap_admin(state)
         state.metrics_registry.register(QueryCounter(engine))
+        state.metrics_registry.register(AutoscalingCollector(state.sessions, settings.node_stale_seconds))
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))
         providers = ProviderRegistry.default()
         driver = FleetRolloutDriver(state, providers)
@@ -86,6 +89,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tasks = [sweeper]
         if settings.rollout_tick_seconds > 0:
             tasks.append(asyncio.create_task(driver.run_forever(settings.rollout_tick_seconds), name="rollouts"))
+        sampler = asyncio.create_task(
+            sample_forever(
+                state.sessions,
+                settings.serve_sample_seconds,
+                settings.node_stale_seconds,
+                settings.serve_sample_retention_seconds,
+            )
+        )
+        tasks.append(sampler)
         try:
             async with watching(state):
                 yield

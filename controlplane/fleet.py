@@ -167,6 +167,7 @@ def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
         health=report.health,
         validation=report.validation,
         refused=report.refused,
+        serve=report.serve,
     )
 
 

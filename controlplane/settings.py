@@ -62,6 +62,12 @@ class Settings:
     upload_sweep_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_UPLOAD_SWEEP_SECONDS", "300", float))
     blob_url_ttl_seconds: int = field(default_factory=lambda: _number("WEIGHTSHIP_BLOB_URL_TTL", "3600", int))
     node_stale_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_NODE_STALE_SECONDS", "30", float))
+    #: how often the fleet's serving counters are sampled (analysis windows and autoscaling gauges start at one)
+    serve_sample_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_SERVE_SAMPLE_SECONDS", "10", float))
+    #: how long samples are kept: the longest analysis window (built-in provider ``window``) must fit
+    serve_sample_retention_seconds: float = field(
+        default_factory=lambda: _number("WEIGHTSHIP_SERVE_SAMPLE_RETENTION_SECONDS", "3600", float)
+    )
     long_poll_max_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_LONG_POLL_MAX", "30", float))
     #: how long a statement waits for a database lock (SQLite busy timeout, PostgreSQL lock_timeout)
     #: before the request fails fast with 503 + Retry-After instead of stalling

@@ -22,7 +22,7 @@ from gpu_loader.validation import ValidationOutcome
 from weightship.backoff import Backoff
 from weightship.errors import TemporaryError
 from weightship.http import AsyncSession, Params, parse, segment
-from weightship.schemas import LocalDeployment, ValidationCheck, ValidationReport
+from weightship.schemas import LocalDeployment, ServeReport, ValidationCheck, ValidationReport
 
 __all__ = ["LocalAgent", "validation_report"]
 
@@ -54,7 +54,7 @@ class LocalAgent:
         *,
         seconds: float = 10.0,
         params: Params | None = None,
-        body: ValidationReport | None = None,
+        body: ValidationReport | ServeReport | None = None,
     ) -> httpx.Response:
         try:
             return await self._session.send(
@@ -82,6 +82,10 @@ class LocalAgent:
     async def report(self, report: ValidationReport) -> None:
         """Send a validation report; the agent forwards it to the control plane."""
         await self._request("POST", "/local/v1/validation", body=report)
+
+    async def push_metrics(self, report: ServeReport) -> None:
+        """Send the server's cumulative per-version counters; the agent sums them into its heartbeat."""
+        await self._request("POST", "/local/v1/serve-metrics", body=report)
 
     async def aclose(self) -> None:
         """Close the connection pool."""

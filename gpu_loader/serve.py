@@ -20,6 +20,12 @@ HTTP:
 ``GET /v1/status``     what is served, load statistics and validation checks.
 ``GET /healthz``       the process is up.  ``GET /readyz``  200 only while a validated version serves.
 ``GET /metrics``       Prometheus metrics (``metrics.ServeMetrics``).
+
+With ``--agent`` the server also pushes its cumulative counters per version (requests, errors,
+latency histogram, queue depth, load failures, validation results: ``metrics.VersionTallies``) to
+the agent every ``--metrics-push-seconds`` (``POST /local/v1/serve-metrics``). Pushing, not
+being scraped, keeps the agent free of any list of servers; counters are cumulative, so a lost
+push loses nothing but freshness.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,7 +52,7 @@ from aiohttp import web
 
 from gpu_loader.agent_api import LocalAgent, validation_report
 from gpu_loader.loader import Loader, LoadOptions, VerifyMode
-from gpu_loader.metrics import ServeMetrics
+from gpu_loader.metrics import ServeMetrics, VersionTallies
 from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens, prepare
 from weightship.backoff import DelaySequence
 from weightship.errors import WeightshipError
@@ -74,6 +82,7 @@ class ServeConfig:
     workers: int = 2
     poll_seconds: float = 30.0
     checksum_dir: Path | None = None
+    metrics_push_seconds: float = 5.0
 
 
 class _BadRequest(Exception):
@@ -86,6 +95,11 @@ class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.metrics = ServeMetrics()
+        self.tallies = VersionTallies()
+        #: names this process in its pushes: a new instance is a counter reset for the agent
+        self.instance = uuid.uuid4().hex
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         self.slot = ModelSlot()
         self.loader = Loader(LoadOptions(checksum_dir=config.checksum_dir))
         self._infer = ThreadPoolExecutor(max(1, config.workers), thread_name_prefix="ws-infer")
@@ -108,6 +122,7 @@ class Server:
     async def _generate(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         code = 200
+        answered_by: str | None = None
         try:
             prompts, new_tokens = _parse_generate(await request.read())
             served = self.slot.acquire()
@@ -116,9 +131,12 @@ class Server:
                 return web.json_response(
                     {"error": {"code": "not_ready", "message": "no validated version is loaded yet"}}, status=503
                 )
+            answered_by = served.digest
             try:
                 _check_vocab(served, prompts, new_tokens)
                 self.metrics.queue_depth.inc()
+                with self._waiting_lock:
+                    self._waiting += 1
                 loop = asyncio.get_running_loop()
                 output = await loop.run_in_executor(self._infer, self._compute, served, prompts, new_tokens)
             finally:
@@ -133,11 +151,16 @@ class Server:
             event(_log, "serve.request_failed", logging.ERROR, error=repr(exc))
             return web.json_response({"error": {"code": "internal", "message": repr(exc)}}, status=500)
         finally:
+            seconds = time.perf_counter() - started
             self.metrics.requests.labels(code=str(code)).inc()
-            self.metrics.latency.observe(time.perf_counter() - started)
+            self.metrics.latency.observe(seconds)
+            if answered_by is not None:
+                self.tallies.request(answered_by, failed=code >= 500, seconds=seconds)
 
     def _compute(self, served: ServedModel, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         self.metrics.queue_depth.dec()
+        with self._waiting_lock:  # a worker thread, while the event loop adds
+            self._waiting -= 1
         self.metrics.inflight.inc()
         try:
             assert served.model is not None, "a model in use is never dropped"
@@ -214,6 +237,11 @@ class Server:
             self.metrics.load_seconds.labels(digest=prepared.digest).set(prepared.stats.seconds)
             self.metrics.load_gbps.labels(digest=prepared.digest).set(prepared.stats.gbps)
         self.metrics.validation.labels(digest=prepared.digest).set(1 if prepared.passed else 0)
+        self.tallies.loaded(
+            prepared.digest,
+            load_failed=prepared.error is not None,
+            validation_passed=None if prepared.outcome is None else prepared.outcome.passed,
+        )
         if prepared.served is None:
             self.last_failure = prepared
             event(
@@ -306,6 +334,29 @@ class Server:
             except WeightshipError as exc:
                 event(_log, "serve.report_failed", logging.WARNING, digest=deployment.digest, error=exc.message)
 
+    async def push_metrics(self, agent: LocalAgent) -> None:
+        """Push the per-version counters to the agent every ``metrics_push_seconds``, forever."""
+        failing = False
+        while True:
+            await asyncio.sleep(self.config.metrics_push_seconds)  # ok-sleep: the push period itself
+            current = self.slot.current
+            report = self.tallies.report(
+                self.config.deployment,
+                self.instance,
+                serving=current.digest if current is not None else None,
+                queue_depth=self._waiting,
+            )
+            if not report.versions:
+                continue
+            try:
+                await agent.push_metrics(report)
+            except WeightshipError as exc:
+                if not failing:  # counters are cumulative: the next push catches up; say it once
+                    event(_log, "serve.metrics_push_failed", logging.WARNING, agent=agent.address, error=exc.message)
+                failing = True
+                continue
+            failing = False
+
     async def close(self) -> None:
         """Stop workers and free the loader's pinned memory."""
         for task in list(self._retiring):
@@ -366,6 +417,7 @@ async def _run(config: ServeConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     agent: LocalAgent | None = None
     follower: asyncio.Task[None] | None = None
+    pusher: asyncio.Task[None] | None = None
     try:
         if config.version_dir is not None:
             prepared = await server.install(config.version_dir, None, 0)
@@ -378,8 +430,13 @@ async def _run(config: ServeConfig) -> int:
             assert config.agent is not None
             agent = LocalAgent(config.agent)
             follower = asyncio.create_task(server.follow(agent))
+            pusher = asyncio.create_task(server.push_metrics(agent))
         await stop.wait()
     finally:
+        if pusher is not None:
+            pusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pusher
         if follower is not None:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -409,6 +466,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="inference threads")
     parser.add_argument("--poll-seconds", type=float, default=30.0, help="long-poll timeout towards the agent")
     parser.add_argument("--checksum-dir", type=Path, help="where verify=fast keeps its CRC32 records")
+    parser.add_argument(
+        "--metrics-push-seconds", type=float, default=5.0, help="how often to push per-version counters to the agent"
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -428,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=args.workers,
         poll_seconds=args.poll_seconds,
         checksum_dir=args.checksum_dir,
+        metrics_push_seconds=max(0.1, args.metrics_push_seconds),
     )
     return asyncio.run(_run(config))
 

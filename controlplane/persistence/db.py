@@ -289,6 +289,20 @@ class RolloutRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class ServeSampleRow(Base):
+    """The fleet's serving counters at one moment: where a rollout analysis window starts.
+
+    ``data`` maps node id to ``{"since": ISO time, "v": [[deployment, digest, requests, errors,
+    load_failures, validations_passed, validations_failed, [latency_le...]], ...]}``
+    (``controlplane.traffic``). Rows are written every few seconds and deleted after a retention.
+    """
+
+    __tablename__ = "serve_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
 #: defaults of ``make_engine``'s bounds, the same as ``Settings``' (seconds, connections)
 LOCK_TIMEOUT = 2.0
 POOL_TIMEOUT = 3.0

@@ -57,6 +57,9 @@ def cp_settings(database_url: str, tmp_path: Path) -> Settings:
         public_url="http://testserver",
         node_stale_seconds=30.0,
         long_poll_max_seconds=30.0,
+        # No background sampling of serving counters: tests that count queries stay exact; the
+        # traffic tests take their samples themselves (controlplane.traffic.take_sample).
+        serve_sample_seconds=3600.0,
     )
 
 

@@ -29,6 +29,7 @@ from controlplane.rollouts.actions import MeasureMetric
 from controlplane.rollouts.analysis import is_no_data
 from controlplane.rollouts.observations import MeasurementResult
 from controlplane.rollouts.providers.base import Provider, ProviderSpecError, RolloutContext
+from controlplane.rollouts.providers.builtin import BuiltinProvider
 from controlplane.rollouts.providers.prometheus import PrometheusProvider
 from controlplane.rollouts.providers.webhook import WebhookProvider
 from controlplane.rollouts.spec import AnalysisStep, RolloutSpec
@@ -62,15 +63,20 @@ class ProviderRegistry:
         transport: httpx.AsyncBaseTransport | None = None,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], datetime] = _utc_now,
+        builtin: BuiltinProvider | None = None,
     ) -> ProviderRegistry:
-        """The Prometheus and webhook providers; the built-in provider is registered by its driver."""
-        return cls(
-            [
-                PrometheusProvider(transport=transport, environ=environ),
-                WebhookProvider(transport=transport, environ=environ),
-            ],
-            clock=clock,
-        )
+        """The Prometheus and webhook providers, and ``builtin`` when given.
+
+        The built-in provider reads the control plane's database, so its driver builds it
+        (``BuiltinProvider.for_state(state)``) and passes it here.
+        """
+        providers: list[Provider] = [
+            PrometheusProvider(transport=transport, environ=environ),
+            WebhookProvider(transport=transport, environ=environ),
+        ]
+        if builtin is not None:
+            providers.append(builtin)
+        return cls(providers, clock=clock)
 
     @property
     def kinds(self) -> frozenset[str]:
