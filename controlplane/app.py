@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from controlplane.persistence.store import open_store
     from controlplane.rollout_driver import FleetRolloutDriver
     from controlplane.rollouts.providers import ProviderRegistry
+    from controlplane.rollouts.providers.builtin import BuiltinProvider
 
     settings = settings or Settings()
 
@@ -82,7 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.metrics_registry.register(QueryCounter(engine))
         state.metrics_registry.register(AutoscalingCollector(state.sessions, settings.node_stale_seconds))
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))
-        providers = ProviderRegistry.default()
+        providers = ProviderRegistry.default(builtin=BuiltinProvider.for_state(state))
         driver = FleetRolloutDriver(state, providers)
         driver.loop = asyncio.get_running_loop()
         app.state.rollouts = driver
