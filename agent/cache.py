@@ -107,7 +107,7 @@ class ReadThroughCache:
         upstream_bandwidth: float = 0.0,
         refresh_seconds: float = 5.0,
         avoid_seconds: float = 60.0,
-        read_ahead: int = 2,
+        read_ahead: int = 4,
     ) -> None:
         self.store = store
         self.source = source

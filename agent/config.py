@@ -94,7 +94,7 @@ class AgentConfig:
     #: a cache's fetches from its upstream in flight at once
     upstream_concurrency: int = 8
     #: (cache) chunks of a version read ahead from upstream at once after its first request (0: off)
-    read_ahead: int = 2
+    read_ahead: int = 4
     #: a cache's upstream bytes per second (0: unlimited)
     upstream_bandwidth: int = 0
     #: a cache's chunk store size; least recently used chunks of versions no pointer names go first (0: no bound)
@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upload-concurrency", help="uploads served at once (default 16)")
     parser.add_argument("--upload-bandwidth", help="upload bytes per second, e.g. 100MB (0: unlimited)")
     parser.add_argument("--upstream-concurrency", help="a cache's upstream fetches at once (default 8)")
-    parser.add_argument("--read-ahead", help="(cache) chunks of a version read ahead at once (default 2; 0: off)")
+    parser.add_argument("--read-ahead", help="(cache) chunks of a version read ahead at once (default 4; 0: off)")
     parser.add_argument("--upstream-bandwidth", help="a cache's upstream bytes per second (0: unlimited)")
     parser.add_argument("--cache-bytes", help="a cache's chunk store size, e.g. 500GiB (0: no bound)")
     parser.add_argument("--tracker", help="the cluster tracker's URL (default: --cluster-cache)")
