@@ -17,7 +17,11 @@ A cache is the agent run with ``--role cache``: no deployments of its own, a pee
    are never forwarded) or, with no upstream, or when the upstream is unreachable or does not
    have it, to the origin through a blob URL from the control plane (a ``Range`` read). At most
    ``upstream_concurrency`` fetches run at once, paced by ``upstream_bandwidth``.
-4. **Verified before stored or served.** The bytes must hash to the chunk digest. If they do
+4. **Read-ahead.** The first request for a version (a chunk, or the tracker's availability for
+   it) starts reading the whole version from upstream in chunk order, ``read_ahead`` chunks at
+   once, through the same single flight: the origin link stays busy while nodes are still busy
+   with earlier chunks, and each chunk is fetched once whether a node or the read-ahead asked.
+5. **Verified before stored or served.** The bytes must hash to the chunk digest. If they do
    not, nothing is stored, every waiting requester gets 502 ``upstream_corrupt``, the event
    ``cache.upstream_corrupt`` names the source, the counter
    ``weightship_cache_upstream_corrupt_total{source=...}`` grows, and a corrupt upstream cache
@@ -31,6 +35,7 @@ import logging
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import aiohttp
@@ -39,6 +44,7 @@ from agent.bandwidth import SLICE, TokenBucket
 from agent.chunkstore import ChunkStore
 from agent.peerserver import ChunkLocation, chunk_path
 from agent.tickets import TicketKeeper
+from agent.tracker import chunk_order
 from weightship.digests import sha256_hex
 from weightship.errors import NotFoundError, TemporaryError, WeightshipError
 from weightship.logs import event
@@ -48,6 +54,9 @@ from weightship.schemas import BlobURL, Deployment
 __all__ = ["CacheStats", "ReadThroughCache", "UpstreamCorrupt"]
 
 log = logging.getLogger("agent.cache")
+
+#: a blob URL is renewed this long before it expires
+_URL_MARGIN = timedelta(seconds=30)
 
 
 class UpstreamCorrupt(WeightshipError):
@@ -98,6 +107,7 @@ class ReadThroughCache:
         upstream_bandwidth: float = 0.0,
         refresh_seconds: float = 5.0,
         avoid_seconds: float = 60.0,
+        read_ahead: int = 4,
     ) -> None:
         self.store = store
         self.source = source
@@ -110,12 +120,15 @@ class ReadThroughCache:
         self.manifests: dict[str, Manifest] = {}
         self.pinned: frozenset[str] = frozenset()
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self.read_ahead = read_ahead
+        self._ahead: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(upstream_concurrency)
         self._bucket = TokenBucket(upstream_bandwidth)
         self._refreshed = float("-inf")
         self._refresh_lock = asyncio.Lock()
         self._avoid_upstream_until = 0.0
         self._http: aiohttp.ClientSession | None = None
+        self._urls: dict[str, BlobURL] = {}
 
     async def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
@@ -124,7 +137,7 @@ class ReadThroughCache:
 
     async def close(self) -> None:
         """Stop in-flight fetches and close connections."""
-        for task in list(self._inflight.values()):
+        for task in [*self._ahead.values(), *self._inflight.values()]:
             task.cancel()
         if self._http is not None:
             await self._http.close()
@@ -173,23 +186,58 @@ class ReadThroughCache:
         """See ``agent.peerserver.ChunkLocator``: a hit, or a miss fetched once and verified."""
         manifest = await self._manifest(version)
         number, _rel = chunk_path(manifest, chunk, blob, index)
+        self.start_read_ahead(manifest)
         size = self.store.get(chunk)
         if size is not None:
             self.stats.hits += 1
             return ChunkLocation(self.store.path(chunk), 0, size)
-        task = self._inflight.get(chunk)
-        if task is None:
-            self.stats.misses += 1
-            task = asyncio.get_running_loop().create_task(self._fill(manifest, number, index, chunk))
-            self._inflight[chunk] = task
-            task.add_done_callback(lambda _t: self._inflight.pop(chunk, None))
-        else:
+        if chunk in self._inflight:
             self.stats.waited += 1
-        await asyncio.shield(task)
+        else:
+            self.stats.misses += 1
+        await asyncio.shield(self._flight(manifest, number, index, chunk))
         size = self.store.get(chunk)
         if size is None:  # evicted at once by a store full of pinned chunks
             raise TemporaryError(f"chunk {chunk} was evicted as soon as it was stored; the cache is full", delay=1.0)
         return ChunkLocation(self.store.path(chunk), 0, size)
+
+    def _flight(self, manifest: Manifest, number: int, index: int, chunk: str) -> asyncio.Task[None]:
+        """The one fetch of ``chunk`` (single flight): the running one, or a new one."""
+        task = self._inflight.get(chunk)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._fill(manifest, number, index, chunk))
+            self._inflight[chunk] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(chunk, None))
+        return task
+
+    def start_read_ahead(self, manifest: Manifest) -> None:
+        """Start reading ``manifest``'s version ahead (once per version; no-op with ``read_ahead`` 0)."""
+        if self.read_ahead > 0 and manifest.digest not in self._ahead:
+            self._ahead[manifest.digest] = asyncio.get_running_loop().create_task(self._read_version(manifest))
+
+    def held_indexes(self, manifest: Manifest) -> list[int]:
+        """The chunk-order indexes of ``manifest``'s chunks held here."""
+        return [i for i, digest in enumerate(chunk_order(manifest)) if self.store.holds(digest)]
+
+    async def _read_version(self, manifest: Manifest) -> None:
+        """Fetch every chunk of ``manifest`` not held, in chunk order, ``read_ahead`` at a time."""
+        where: dict[str, tuple[int, int]] = {}
+        for number, entry in enumerate(manifest.files):
+            for index, digest in enumerate(entry.chunks):
+                where.setdefault(digest, (number, index))
+        running: set[asyncio.Task[None]] = set()
+        fetched = 0
+        for digest in chunk_order(manifest):
+            if self.store.holds(digest):
+                continue
+            while len(running) >= self.read_ahead:
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                fetched += _count_done(done)
+            running.add(self._flight(manifest, *where[digest], digest))
+        if running:
+            done, _ = await asyncio.wait(running)
+            fetched += _count_done(done)
+        event(log, "cache.read_ahead_done", version=manifest.digest, fetched=fetched)
 
     async def _fill(self, manifest: Manifest, number: int, index: int, chunk: str) -> None:
         entry = manifest.files[number]
@@ -254,11 +302,20 @@ class ReadThroughCache:
         return await self._get(url, {"Authorization": f"Ticket {ticket}"}, length, f"upstream {self.upstream}")
 
     async def _from_origin(self, blob: str, start: int, length: int) -> bytes:
-        urls = await self.source.blob_urls([blob])
-        if blob not in urls:
-            raise NotFoundError(f"the control plane gave no URL for blob {blob}")
+        url = self._urls.get(blob)
+        if url is None or url.expires_at - _URL_MARGIN <= datetime.now(UTC):
+            # One control-plane call per blob, not per chunk: on a busy control plane that call, not
+            # the origin link, set the pace of a read-ahead.
+            urls = await self.source.blob_urls([blob])
+            if blob not in urls:
+                raise NotFoundError(f"the control plane gave no URL for blob {blob}")
+            url = self._urls[blob] = urls[blob]
         headers = {"Range": f"bytes={start}-{start + length - 1}"}
-        return await self._get(urls[blob].url, headers, length, f"origin blob {blob}")
+        try:
+            return await self._get(url.url, headers, length, f"origin blob {blob}")
+        except (TemporaryError, NotFoundError):
+            self._urls.pop(blob, None)  # perhaps revoked or expired early: ask for a fresh one next time
+            raise
 
     def metrics(self) -> str:
         """The cache's counters in Prometheus text format."""
@@ -277,3 +334,15 @@ class ReadThroughCache:
             lines.append(f'weightship_cache_fetch_bytes_total{{source="{where}"}} {s.fetch_bytes[where]}')
             lines.append(f'weightship_cache_upstream_corrupt_total{{source="{where}"}} {s.corrupt.get(where, 0)}')
         return "\n".join(lines) + "\n"
+
+
+def _count_done(done: set[asyncio.Task[None]]) -> int:
+    """Fetches that succeeded; a failed one is logged here and left to the nodes to ask for again."""
+    ok = 0
+    for task in done:
+        error = None if task.cancelled() else task.exception()
+        if error is None:
+            ok += 1
+        else:
+            event(log, "cache.read_ahead_failed", logging.WARNING, error=str(error))
+    return ok

@@ -74,6 +74,10 @@ class ChunkStore:
                 self._sizes.move_to_end(digest)
             return size
 
+    def holds(self, digest: str) -> bool:
+        """Whether chunk ``digest`` is held (without marking it used)."""
+        return digest in self._sizes
+
     @property
     def used(self) -> int:
         """Bytes held."""

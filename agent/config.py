@@ -93,6 +93,8 @@ class AgentConfig:
     upload_bandwidth: int = 0
     #: a cache's fetches from its upstream in flight at once
     upstream_concurrency: int = 8
+    #: (cache) chunks of a version read ahead from upstream at once after its first request (0: off)
+    read_ahead: int = 4
     #: a cache's upstream bytes per second (0: unlimited)
     upstream_bandwidth: int = 0
     #: a cache's chunk store size; least recently used chunks of versions no pointer names go first (0: no bound)
@@ -140,6 +142,8 @@ class AgentConfig:
             raise ValidationError("announce_interval must be positive")
         if self.tracker_fanout < 1 or self.tracker_upstream_slots < 1:
             raise ValidationError("tracker_fanout and tracker_upstream_slots must be at least 1")
+        if self.read_ahead < 0:
+            raise ValidationError("read_ahead must not be negative (0 turns the cache's read-ahead off)")
         if self.upload_concurrency < 1 or self.upstream_concurrency < 1:
             raise ValidationError("upload_concurrency and upstream_concurrency must be at least 1")
         for key in ("upload_bandwidth", "upstream_bandwidth", "cache_bytes"):
@@ -155,7 +159,7 @@ class AgentConfig:
 _SIZE_KEYS = {"quota_bytes", "min_free_bytes", "memory_bytes", "upload_bandwidth", "upstream_bandwidth", "cache_bytes"}
 _SIZE_KEYS |= {"peer_min_rate"}
 _INT_KEYS = {"concurrency", "chunk_attempts", "upload_concurrency", "upstream_concurrency"}
-_INT_KEYS |= {"tracker_fanout", "tracker_upstream_slots"}
+_INT_KEYS |= {"tracker_fanout", "tracker_upstream_slots", "read_ahead"}
 _FLOAT_KEYS = {"heartbeat_interval", "poll_wait", "backoff_initial", "backoff_max", "announce_interval"}
 _ALIASES = {"quota": "quota_bytes", "memory": "memory_bytes", "min_free": "min_free_bytes"}
 
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upload-concurrency", help="uploads served at once (default 16)")
     parser.add_argument("--upload-bandwidth", help="upload bytes per second, e.g. 100MB (0: unlimited)")
     parser.add_argument("--upstream-concurrency", help="a cache's upstream fetches at once (default 8)")
+    parser.add_argument("--read-ahead", help="(cache) chunks of a version read ahead at once (default 4; 0: off)")
     parser.add_argument("--upstream-bandwidth", help="a cache's upstream bytes per second (0: unlimited)")
     parser.add_argument("--cache-bytes", help="a cache's chunk store size, e.g. 500GiB (0: no bound)")
     parser.add_argument("--tracker", help="the cluster tracker's URL (default: --cluster-cache)")

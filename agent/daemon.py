@@ -176,7 +176,12 @@ class Agent:
                 raise NotFoundError(f"version {version} is named by no serving pointer; the tracker does not track it")
             return cache.manifests[version]
 
-        return TrackerRoutes(Tracker(settings), self.tickets, manifest)
+        def cached(version: Manifest) -> list[int]:
+            # A node asking what is available is about to fetch this version: read it ahead now.
+            cache.start_read_ahead(version)
+            return cache.held_indexes(version)
+
+        return TrackerRoutes(Tracker(settings), self.tickets, manifest, cached)
 
     def _peer_setup(self, assembler: Assembler) -> None:
         """The peer listener (when configured; always on a cache), its tickets and, on a cache, the chunk cache."""
@@ -192,6 +197,7 @@ class Agent:
                 self.executor,
                 upstream=cfg.upstream,
                 upstream_concurrency=cfg.upstream_concurrency,
+                read_ahead=cfg.read_ahead,
                 upstream_bandwidth=cfg.upstream_bandwidth,
             )
             locator = self.cache

@@ -26,16 +26,17 @@ import logging
 import mmap
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from agent.counters import Counters
 from agent.rangeclient import RangeClient, UrlRejected
-from agent.sources import Sources, Want, is_busy, reason_of
+from agent.sources import Deferred, Sources, Want, is_busy, reason_of
 from agent.staging import ChunkJob, Staging
 from agent.store import LocalChunk
+from agent.tracker import chunk_order, obtainable, rank_chunks
 from weightship.backoff import DelaySequence
 from weightship.errors import DiskFullError, IntegrityError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event
@@ -124,7 +125,8 @@ class Fetcher:
             return
         if self.sources is not None:
             # Each node its own order: nodes that all start at chunk 0 leave peers nothing to trade
-            # (bench/simulate.py --order sequential vs random: about 2.0 vs 1.6 times ideal).
+            # (bench/simulate.py --order sequential vs random: about 2.0 vs 1.6 times ideal). The
+            # tracker's availability re-ranks the rest as the fetch goes (``_Pool``).
             random.Random(self.sources.node).shuffle(jobs)
         largest = max(job.length for job in jobs)
         slots = max(1, min(self.concurrency, len(jobs), self.memory_bytes // max(1, largest)))
@@ -144,12 +146,22 @@ class Fetcher:
             slots=slots,
         )
         failures: list[WeightshipError] = []
+        pool = _Pool(
+            jobs,
+            self._ranker(staging),
+            self.sources.wait_limit if self.sources is not None else 0.0,
+            self.sources.availability_ttl if self.sources is not None else 0.25,
+        )
         try:
             async with asyncio.TaskGroup() as group:
-                for job in jobs:
+                while True:
                     buf = await buffers.get()
+                    job = await pool.take()
+                    if job is None:
+                        buffers.put(buf)
+                        break
                     group.create_task(
-                        self._one(staging, job, local.get(job.digest), buf, buffers, report, warn, failures)
+                        self._one(staging, job, local.get(job.digest), buf, buffers, report, warn, failures, pool)
                     )
         except BaseExceptionGroup as group_error:
             # A disk-full error stops everything at once; surface it, not the group.
@@ -171,8 +183,10 @@ class Fetcher:
         report: Callable[[int], None],
         warn: Trouble,
         failures: list[WeightshipError],
+        pool: _Pool,
     ) -> None:
         loop = asyncio.get_running_loop()
+        deferred = False
         try:
             view = memoryview(buf)[: job.length]
             if source is not None:
@@ -188,7 +202,11 @@ class Fetcher:
                 except (OSError, IntegrityError) as exc:
                     event(log, "fetch.local_copy_failed", logging.WARNING, chunk=job.digest, error=str(exc))
             try:
-                await self._download(staging, job, view, warn)
+                await self._download(staging, job, view, warn, pool.may_defer(job))
+            except Deferred as wait:
+                pool.defer(job, wait.delay)
+                deferred = True
+                return
             except DiskFullError:
                 raise
             except WeightshipError as exc:
@@ -198,8 +216,30 @@ class Fetcher:
             report(job.bytes_placed)
         finally:
             buffers.put(buf)
+            if not deferred:
+                pool.done()
 
-    async def _from_sources(self, staging: Staging, job: ChunkJob, view: memoryview) -> bool:
+    def _ranker(self, staging: Staging) -> Ranker | None:
+        """Re-orders pending jobs by the tracker's availability (``rank_chunks``); None without a tracker.
+
+        Returns whether the first one is ``obtainable`` now (always True without an answer).
+        """
+        sources = self.sources
+        if sources is None or not sources.tracker:
+            return None
+        order = {digest: i for i, digest in enumerate(chunk_order(staging.manifest))}
+
+        async def rank(pending: list[ChunkJob]) -> bool:
+            seen = await sources.availability(staging.manifest.digest)
+            if seen is None:
+                return True
+            position = {i: k for k, i in enumerate(rank_chunks([order[j.digest] for j in pending], seen, sources.node))}
+            pending.sort(key=lambda j: position[order[j.digest]])
+            return obtainable(order[pending[0].digest], seen)
+
+        return rank
+
+    async def _from_sources(self, staging: Staging, job: ChunkJob, view: memoryview, defer: bool) -> bool:
         """Try peers and caches (``agent.sources``); True once the chunk is verified and placed.
 
         A round that failed only because sources were busy is repeated after a short, growing
@@ -210,7 +250,7 @@ class Fetcher:
         deadline = loop.time() + self.sources.busy_limit
         pause = _BUSY_PAUSE
         while True:
-            placed, busy = await self._source_round(staging, job, view)
+            placed, busy = await self._source_round(staging, job, view, defer)
             if placed:
                 return True
             if not busy or loop.time() + pause > deadline:
@@ -218,14 +258,14 @@ class Fetcher:
             await asyncio.sleep(pause * random.uniform(0.5, 1.0))
             pause = min(pause * 2, _BUSY_PAUSE_MAX)
 
-    async def _source_round(self, staging: Staging, job: ChunkJob, view: memoryview) -> tuple[bool, bool]:
+    async def _source_round(self, staging: Staging, job: ChunkJob, view: memoryview, defer: bool) -> tuple[bool, bool]:
         """One pass over the tiers: (placed, whether some source refused only for load)."""
         assert self.sources is not None
         loop = asyncio.get_running_loop()
         tally = self.counters.sources
         want = Want(staging.manifest.digest, job.digest, job.blob, job.placements[0].chunk, job.length)
         busy = False
-        async with contextlib.aclosing(self.sources.attempts(want)) as attempts:
+        async with contextlib.aclosing(self.sources.attempts(want, defer)) as attempts:
             async for attempt in attempts:
                 try:
                     await self.sources.read(attempt, want, view)
@@ -249,9 +289,11 @@ class Fetcher:
                 return True, busy
         return False, busy
 
-    async def _download(self, staging: Staging, job: ChunkJob, view: memoryview, warn: Trouble) -> None:
+    async def _download(
+        self, staging: Staging, job: ChunkJob, view: memoryview, warn: Trouble, defer: bool = False
+    ) -> None:
         loop = asyncio.get_running_loop()
-        if self.sources is not None and await self._from_sources(staging, job, view):
+        if self.sources is not None and await self._from_sources(staging, job, view, defer):
             return
         backoff = DelaySequence(self.backoff_initial, self.backoff_max)
         last: WeightshipError | None = None
@@ -353,6 +395,70 @@ def _first(group: BaseExceptionGroup[WeightshipError]) -> WeightshipError:
         item = item.exceptions[0]
     assert isinstance(item, WeightshipError)
     return item
+
+
+#: re-orders pending jobs in place; True when the first can be had now
+Ranker = Callable[[list[ChunkJob]], Awaitable[bool]]
+
+
+class _Pool:
+    """The chunks of one fetch not yet taken: ranked as they are taken, put back when deferred.
+
+    ``take`` hands out the best pending job (after ``rank`` re-orders them, when there is a
+    tracker), waits while every pending job is deferred, and returns ``None`` once every job was
+    taken and none can come back (no job in flight). A job deferred for ``wait_limit`` seconds in
+    all may not be deferred again: it goes up the tiers.
+    """
+
+    def __init__(self, jobs: list[ChunkJob], rank: Ranker | None, wait_limit: float, recheck: float = 0.25) -> None:
+        self.pending = list(jobs)
+        self.rank = rank
+        self.wait_limit = wait_limit
+        self.recheck = recheck
+        self._later: list[tuple[float, ChunkJob]] = []
+        self._first_deferred: dict[str, float] = {}
+        self._inflight = 0
+        self._changed = asyncio.Event()
+
+    async def take(self) -> ChunkJob | None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            due = [job for at, job in self._later if at <= now]
+            if due:
+                self._later = [(at, job) for at, job in self._later if at > now]
+                self.pending.extend(due)
+            wake = min((at for at, _job in self._later), default=now + 60.0)
+            if self.pending:
+                if self.rank is None or await self.rank(self.pending):
+                    self._inflight += 1
+                    return self.pending.pop(0)
+                # Nothing we lack is anywhere to be had yet (the caches' grants are all taken): ask
+                # again once the availability answer is renewed, not the tracker chunk by chunk.
+                wake = min(wake, now + self.recheck)
+            elif not self._later and self._inflight == 0:
+                return None
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), max(0.0, wake - now))
+
+    def may_defer(self, job: ChunkJob) -> bool:
+        """Whether ``job`` may still be put back (it has not waited ``wait_limit`` in all)."""
+        first = self._first_deferred.get(job.digest)
+        return self.wait_limit > 0 and (first is None or asyncio.get_running_loop().time() - first < self.wait_limit)
+
+    def defer(self, job: ChunkJob, delay: float) -> None:
+        """Put ``job`` back, to be taken no sooner than ``delay`` seconds from now."""
+        now = asyncio.get_running_loop().time()
+        self._first_deferred.setdefault(job.digest, now)
+        self._later.append((now + delay, job))
+        self._inflight -= 1
+        self._changed.set()
+
+    def done(self) -> None:
+        """A taken job finished (placed or failed for good)."""
+        self._inflight -= 1
+        self._changed.set()
 
 
 class _Buffers:

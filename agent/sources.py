@@ -7,9 +7,12 @@ the source, the fetcher hashes the bytes against the manifest before they are wr
 avoided (by this node at once, by the cluster after a quorum of reporters).
 
 Peers: the tracker (in the cluster cache) answers with ranked parents, or grants this node the
-right to go up a tier, or says wait. A node told to wait asks again after ``retry_after`` until
-``wait_limit`` passed, then goes up anyway: liveness beats the bound when a peer that was
-supposed to fetch the chunk died. A parent slower than ``peer_min_rate`` (bytes/s, after a
+right to go up a tier, or says wait. A chunk the node is told to wait for is ``Deferred``: the
+fetcher puts it back for ``retry_after`` and takes another chunk meanwhile; once a chunk has been
+deferred for ``wait_limit`` seconds (the tracker's upstream lease: by then a grant held by a node
+that died has expired) the node goes up anyway: liveness beats the bound. Which chunk to take next comes from the tracker's
+``availability`` of the version (``agent.tracker.rank_chunks``: rarest first), read at most every
+``availability_ttl`` seconds. A parent slower than ``peer_min_rate`` (bytes/s, after a
 ``slow_floor`` second allowance) is cut off and reported ``slow``; a 429/503 is ``refused``. A
 tracker that does not answer is skipped (the node falls back up the tiers). When a round of tiers
 ends with a source that was only busy (429/503), the node waits and asks again, up to
@@ -36,13 +39,13 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from agent.tracker import bitmap_of, chunk_order
+from agent.tracker import Availability, bitmap_of, chunk_order
 from weightship.errors import IntegrityError, TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.manifest import Manifest
-from weightship.schemas import SourceTally, TrackerAnnounce, TrackerHave, TrackerSources
+from weightship.schemas import SourceTally, TrackerAnnounce, TrackerAvailability, TrackerHave, TrackerSources
 
-__all__ = ["SOURCES", "Attempt", "SourceCounters", "Sources", "Want", "reason_of"]
+__all__ = ["SOURCES", "Attempt", "Deferred", "SourceCounters", "Sources", "Want", "reason_of"]
 
 log = logging.getLogger("agent.sources")
 
@@ -130,10 +133,11 @@ class Sources:
         upload_slots: int = 4,
         peer_min_rate: float = 5e6,
         slow_floor: float = 2.0,
-        wait_limit: float = 5.0,
+        wait_limit: float = 30.0,
         busy_limit: float = 30.0,
         announce_interval: float = 10.0,
         announce_debounce: float = 0.1,
+        availability_ttl: float = 0.25,
     ) -> None:
         self.node = node
         self.address = address
@@ -151,6 +155,9 @@ class Sources:
         self.busy_limit = busy_limit
         self.announce_interval = announce_interval
         self.announce_debounce = announce_debounce
+        self.availability_ttl = availability_ttl
+        self._seen: dict[str, tuple[float, Availability | None]] = {}
+        self._seen_lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
         self._held: dict[str, tuple[dict[str, int], set[int]]] = {}
         self._dirty = asyncio.Event()
@@ -169,12 +176,18 @@ class Sources:
 
     # --- choosing ------------------------------------------------------------------------------
 
-    async def attempts(self, want: Want) -> AsyncGenerator[Attempt]:
-        """The tiers to try for ``want``, nearest first (the origin is the fetcher's own last resort)."""
+    async def attempts(self, want: Want, defer: bool = False) -> AsyncGenerator[Attempt]:
+        """The tiers to try for ``want``, nearest first (the origin is the fetcher's own last resort).
+
+        With ``defer``, a tracker that says "wait" raises ``Deferred`` (take another chunk first);
+        without, the node goes up the tiers at once.
+        """
         query = f"?version={want.version}&blob={want.blob}&index={want.index}"
         timeout = self.slow_floor + want.length / self.peer_min_rate
         if self.tracker and asyncio.get_running_loop().time() >= self._tracker_down_until:
             advice = await self._advice(want)
+            if defer and advice is not None and not advice.sources and not advice.upstream_allowed:
+                raise Deferred(advice.retry_after or 0.2)
             for source in advice.sources if advice is not None else ():
                 yield Attempt(
                     "peer",
@@ -188,25 +201,50 @@ class Sources:
 
     async def _advice(self, want: Want) -> TrackerSources | None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_limit
-        while True:
+        try:
+            query = f"sources?version={want.version}&chunk={want.chunk}"
+            return TrackerSources.model_validate_json(await self._tracker_get(query, want.version))
+        except (aiohttp.ClientError, TimeoutError, WeightshipError, ValueError) as exc:
+            # Skip it for a while rather than time out on every chunk; the caches still serve.
+            self._tracker_down_until = loop.time() + TRACKER_RETRY_SECONDS
+            event(log, "sources.tracker_unavailable", logging.WARNING, tracker=self.tracker, error=str(exc),
+                  retry_in=TRACKER_RETRY_SECONDS)  # fmt: skip
+            return None
+
+    async def _tracker_get(self, query: str, version: str) -> bytes:
+        """The body of ``GET <tracker>/v1/tracker/<query>`` with a ticket for ``version``; non-200 is temporary."""
+        http = await self._http()
+        headers = {"Authorization": f"Ticket {await self.tickets([version])}"}
+        url = f"{self.tracker}/v1/tracker/{query}"
+        async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:
+            if response.status != 200:
+                raise TemporaryError(f"tracker answered {response.status} to GET {url}")
+            return await response.read()
+
+    async def availability(self, version: str) -> Availability | None:
+        """The tracker's view of ``version``'s chunks (cached ``availability_ttl``); None without one."""
+        loop = asyncio.get_running_loop()
+        if not self.tracker or loop.time() < self._tracker_down_until:
+            return None
+        async with self._seen_lock:  # one request at a time: every free slot of this node wants it
+            at, seen = self._seen.get(version, (float("-inf"), None))
+            if loop.time() - at < self.availability_ttl:
+                return seen
             try:
-                http = await self._http()
-                headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
-                url = f"{self.tracker}/v1/tracker/sources?version={want.version}&chunk={want.chunk}"
-                async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:
-                    if response.status != 200:
-                        raise TemporaryError(f"tracker answered {response.status} for sources of {want.chunk}")
-                    advice = TrackerSources.model_validate_json(await response.read())
+                doc = TrackerAvailability.model_validate_json(
+                    await self._tracker_get(f"availability?version={version}", version)
+                )
+                seen = Availability(tuple(doc.holders), frozenset(doc.fetching), frozenset(doc.cached),
+                                    doc.upstream_free)  # fmt: skip
             except (aiohttp.ClientError, TimeoutError, WeightshipError, ValueError) as exc:
-                # Skip it for a while rather than time out on every chunk; the caches still serve.
-                self._tracker_down_until = loop.time() + TRACKER_RETRY_SECONDS
-                event(log, "sources.tracker_unavailable", logging.WARNING, tracker=self.tracker, error=str(exc),
-                      retry_in=TRACKER_RETRY_SECONDS)  # fmt: skip
+                # Without it the node keeps its own shuffled order; the sources calls still work.
+                event(log, "sources.availability_unavailable", logging.WARNING, tracker=self.tracker,
+                      error=str(exc), retry_in=TRACKER_RETRY_SECONDS)  # fmt: skip
+                seen, at = None, loop.time() + TRACKER_RETRY_SECONDS - self.availability_ttl
+                self._seen[version] = (at, None)
                 return None
-            if advice.sources or advice.upstream_allowed or loop.time() + advice.retry_after > deadline:
-                return advice
-            await asyncio.sleep(advice.retry_after)
+            self._seen[version] = (loop.time(), seen)
+            return seen
 
     def _reporter(self, want: Want, parent: str) -> Callable[[str], Awaitable[None]]:
         async def report(reason: str) -> None:
@@ -305,6 +343,14 @@ class Sources:
         except (aiohttp.ClientError, TimeoutError, WeightshipError) as exc:
             event(log, "sources.announce_failed", logging.WARNING, tracker=self.tracker, error=str(exc))
         return False
+
+
+class Deferred(Exception):
+    """The tracker says wait for this chunk: the fetcher takes another one first."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"wait {delay}s")
+        self.delay = delay
 
 
 class _Refused(TemporaryError):

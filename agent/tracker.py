@@ -50,6 +50,7 @@ from weightship.manifest import Manifest
 
 __all__ = [
     "Advice",
+    "Availability",
     "NodeView",
     "Reason",
     "Source",
@@ -58,6 +59,8 @@ __all__ = [
     "bitmap_of",
     "chunk_order",
     "indexes_of",
+    "obtainable",
+    "rank_chunks",
 ]
 
 
@@ -134,6 +137,20 @@ class Advice:
     upstream_allowed: bool
     #: with no sources and no upstream grant: ask again after this many seconds
     retry_after: float = 0.0
+
+
+@dataclass(frozen=True)
+class Availability:
+    """A version's chunks as one node sees the cluster: what to ask for next (``rank_chunks``)."""
+
+    #: per chunk index: live peers holding it (not the asker)
+    holders: tuple[int, ...]
+    #: chunk indexes some node is fetching from the tier above right now (a peer will have them soon)
+    fetching: frozenset[int] = frozenset()
+    #: chunk indexes the cluster cache holds (filled in by the cache, not the pure tracker)
+    cached: frozenset[int] = frozenset()
+    #: upstream grants free cluster-wide now
+    upstream_free: int = 0
 
 
 @dataclass
@@ -240,12 +257,14 @@ class Tracker:
         node = self._nodes.get(child)
         me = node.view if node is not None else NodeView(child, "")
         ranked: list[tuple[tuple[int, int, int, bytes], NodeView]] = []
+        busy = False
         for name in self._holders.get(key, ()):
             if name == child or self._avoided(name, child, now):
                 continue
             parent = self._nodes[name].view
             spare = min(parent.upload_slots_free, s.fanout) - self._load.get(name, 0)
             if spare <= 0:
+                busy = True
                 continue
             ranked.append(
                 (
@@ -265,6 +284,10 @@ class Tracker:
             self._assigned[(child, key)] = (picked[0].node, now + s.lease_seconds)
             self._load[picked[0].node] = self._load.get(picked[0].node, 0) + 1
             return Advice(picked, upstream_allowed=False)
+        if busy:
+            # Peers hold it and are only at their fan-out bound: one frees within a chunk's time, and
+            # the caches' links (the scarcest in the cluster) are kept for chunks no peer has.
+            return Advice((), upstream_allowed=False, retry_after=s.retry_after)
         if self._admit_upstream(child, key, now):
             return Advice((), upstream_allowed=True)
         return Advice((), upstream_allowed=False, retry_after=s.retry_after)
@@ -279,6 +302,24 @@ class Tracker:
         self._upstream.setdefault(child, set()).add(key)
         self._upstream_chunk.setdefault(key, {})[child] = now + s.upstream_lease
         return True
+
+    def availability(self, child: str, version: str, count: int) -> Availability:
+        """Holders per chunk of ``version`` (``count`` chunks) as ``child`` sees them, for ``rank_chunks``.
+
+        Costs O(chunks held by live nodes of that version); a node asks a few times a second while it fetches.
+        """
+        self._sweep()
+        now = self.clock()
+        holders = [0] * count
+        for name, versions in self._held.items():
+            if name == child or self._avoided(name, child, now):
+                continue
+            for index in versions.get(version, ()):
+                if 0 <= index < count:
+                    holders[index] += 1
+        fetching = frozenset(i for (v, i) in self._upstream_chunk if v == version)
+        free = max(0, self.settings.upstream_slots - self._grants)
+        return Availability(tuple(holders), fetching, upstream_free=free)
 
     def upstream_count(self) -> int:
         """Nodes holding an upstream grant now."""
@@ -396,6 +437,45 @@ def bitmap_of(indexes: Iterable[int], count: int) -> bytes:
             raise ValidationError(f"chunk index {i} is outside 0..{count - 1}")
         out[i // 8] |= 0x80 >> (i % 8)
     return bytes(out)
+
+
+def rank_chunks(pending: Iterable[int], seen: Availability, salt: str) -> list[int]:
+    """The order in which a node should ask for its ``pending`` chunk indexes, given ``seen``.
+
+    1. Chunks only the cluster cache holds, while upstream grants are free: each enters the swarm
+       through one node, so the cache's link (with the origin's, the scarce one) never idles.
+    2. Chunks peers hold, rarest first: the copies the swarm lacks most are made first, so the last
+       chunks do not wait on one parent (BitTorrent's rarest-first).
+    3. Chunks a node is fetching from the tier above now: a peer will hold them soon.
+    4. Chunks nobody holds yet, in chunk order, the order the cache reads a version ahead, so a node
+       that must go up asks for the chunk arriving next.
+
+    Ties are broken by a hash of (``salt``, index): nodes (salted with their names) take different
+    chunks among equals and have different chunks to trade early.
+    """
+
+    def key(index: int) -> tuple[int, int, bytes]:
+        held = seen.holders[index] if 0 <= index < len(seen.holders) else 0
+        tie = hashlib.blake2b(f"{salt}/{index}".encode(), digest_size=8).digest()
+        if held == 0 and index in seen.cached and index not in seen.fetching and seen.upstream_free > 0:
+            return (0, 0, tie)
+        if held > 0:
+            return (1, held, tie)
+        if index in seen.fetching:
+            return (2, 0, tie)
+        return (3, index, b"")
+
+    return sorted(pending, key=key)
+
+
+def obtainable(index: int, seen: Availability) -> bool:
+    """Whether asking for chunk ``index`` now can succeed: a peer holds it, or an upstream grant is free.
+
+    A node whose best pending chunk is not obtainable waits for news (``Availability``) instead of
+    asking the tracker about chunks it would only be told to wait for.
+    """
+    held = seen.holders[index] if 0 <= index < len(seen.holders) else 0
+    return held > 0 or (seen.upstream_free > 0 and index not in seen.fetching)
 
 
 def indexes_of(bitmap: bytes, count: int | None = None) -> Sequence[int]:

@@ -4,6 +4,7 @@
 
     POST /v1/tracker/announce   TrackerAnnounce  -> 204   ticket's node must be body.node, cover each version
     GET  /v1/tracker/sources?version=&chunk=     -> TrackerSources   ticket covering version
+    GET  /v1/tracker/availability?version=       -> TrackerAvailability   ticket covering version
     POST /v1/tracker/report     TrackerReport    -> 204   ticket (reporter = ticket's node)
 
 Everything a node says is checked against its ticket (signed by the control plane, checked
@@ -18,7 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 from pydantic import ValidationError as PydanticValidationError
@@ -28,7 +29,7 @@ from agent.tracker import NodeView, Reason, Tracker, chunk_order, indexes_of
 from weightship.errors import ForbiddenError, NotFoundError, ValidationError, WeightshipError
 from weightship.logs import event
 from weightship.manifest import Manifest
-from weightship.schemas import TrackerAnnounce, TrackerReport, TrackerSource, TrackerSources
+from weightship.schemas import TrackerAnnounce, TrackerAvailability, TrackerReport, TrackerSource, TrackerSources
 
 __all__ = ["TrackerRoutes"]
 
@@ -39,17 +40,24 @@ class TrackerRoutes:
     """Binds a ``Tracker`` to HTTP, with ticket checks."""
 
     def __init__(
-        self, tracker: Tracker, tickets: TicketKeeper, manifests: Callable[[str], Awaitable[Manifest]]
+        self,
+        tracker: Tracker,
+        tickets: TicketKeeper,
+        manifests: Callable[[str], Awaitable[Manifest]],
+        cached: Callable[[Manifest], Iterable[int]] = lambda _m: (),
     ) -> None:
         self.tracker = tracker
         self.tickets = tickets
         self.manifests = manifests
+        #: chunk indexes (chunk order) of a version the cache holds; the cache's read-ahead starts here
+        self.cached = cached
         self._orders: dict[str, dict[str, int]] = {}
 
     def mount(self, app: web.Application) -> None:
         """Add the routes to ``app`` (``PeerServer(extra_routes=...)``)."""
         app.router.add_post("/v1/tracker/announce", self._announce)
         app.router.add_get("/v1/tracker/sources", self._sources)
+        app.router.add_get("/v1/tracker/availability", self._availability)
         app.router.add_post("/v1/tracker/report", self._report)
 
     async def _order(self, version: str) -> dict[str, int]:
@@ -101,6 +109,23 @@ class TrackerRoutes:
                 sources=[TrackerSource(node=s.node, address=s.address) for s in advice.sources],
                 upstream_allowed=advice.upstream_allowed,
                 retry_after=advice.retry_after,
+            )
+            return web.Response(text=answer.model_dump_json(), content_type="application/json")
+        except WeightshipError as exc:
+            return _problem(exc)
+
+    async def _availability(self, request: web.Request) -> web.Response:
+        try:
+            version = request.query.get("version", "")
+            ticket = await self.tickets.check(request.headers.get("Authorization"), version)
+            manifest = await self.manifests(version)
+            order = await self._order(version)
+            seen = self.tracker.availability(ticket.node, version, len(order))
+            answer = TrackerAvailability(
+                holders=list(seen.holders),
+                fetching=sorted(seen.fetching),
+                cached=sorted(self.cached(manifest)),
+                upstream_free=seen.upstream_free,
             )
             return web.Response(text=answer.model_dump_json(), content_type="application/json")
         except WeightshipError as exc:

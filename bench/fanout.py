@@ -158,6 +158,8 @@ class Result:
     sources: dict[str, int] = field(default_factory=dict)
     #: CPU time of this run's own processes (agents, cache, control plane) ÷ (wall time × CPUs)
     own_cpu_share: float = 0.0
+    #: CPU seconds per role over the timed interval: ``nodes`` (all node agents), ``cache``, ``controlplane``
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Fanout:
@@ -259,6 +261,12 @@ class Fanout:
         origin_tx = self.net.counters("origin")[1]
         busy0, total0 = cpu_times()
         ours = [p.pid for p in self.net.procs if p.poll() is None]
+        roles = {
+            "nodes": [proc.pid for _host, proc in procs.values()],
+            "controlplane": [self.cp_proc.pid] if self.cp_proc is not None else [],
+        }
+        roles["cache"] = [pid for pid in ours if not any(pid in pids for pids in roles.values())]
+        role0 = {role: process_cpu(pids) for role, pids in roles.items()}
         own0 = process_cpu(ours)
         with self.net.inside("origin"), Client(f"http://127.0.0.1:{CP_PORT}", ADMIN) as client:
             t0 = time.monotonic()
@@ -283,6 +291,7 @@ class Fanout:
         seconds = max(ready.values())
         busy1, total1 = cpu_times()
         own = (process_cpu(ours) - own0) / (seconds * (os.cpu_count() or 1))
+        role_cpu = {role: round(process_cpu(pids) - role0[role], 1) for role, pids in roles.items()}
         egress = self.net.counters("origin")[1] - origin_tx
         sources = self.source_bytes(procs)
         for _host, proc in procs.values():
@@ -290,7 +299,7 @@ class Fanout:
         for name in procs:  # tmpfs: (a)'s copies must not crowd out (b)'s
             shutil.rmtree(self.work / "agents" / name, ignore_errors=True)
         share = (busy1 - busy0) / max(1, total1 - total0)
-        return Result(seconds, egress, share, sorted(ready.values()), sources, own)
+        return Result(seconds, egress, share, sorted(ready.values()), sources, own, role_cpu)
 
     def source_bytes(self, procs: dict[str, tuple[str, subprocess.Popen[bytes]]]) -> dict[str, int]:
         """Bytes the nodes received per source (peer, cluster_cache, origin...), summed over their local APIs.
@@ -359,7 +368,7 @@ def report(label: str, result: Result, size: int, ideal: float) -> None:
     print(
         f"{label}: all ready in {result.seconds:.1f}s = {result.seconds / ideal:.2f}× ideal ({spread}); "
         f"origin egress {result.origin_egress / size:.2f}× S; CPU busy {result.cpu_busy_share:.0%} "
-        f"(this run's processes {result.own_cpu_share:.0%})"
+        f"(this run's processes {result.own_cpu_share:.0%}; CPU s {result.cpu_seconds})"
         + (f"; nodes received {sources_text(result.sources, size)}" if result.sources else ""),
         flush=True,
     )
@@ -374,6 +383,7 @@ def figures(result: Result | None, size: int, ideal: float) -> dict[str, Any] | 
         "origin_egress_over_size": round(result.origin_egress / size, 3),
         "cpu_busy_share": round(result.cpu_busy_share, 3),
         "own_cpu_share": round(result.own_cpu_share, 3),
+        "cpu_seconds": result.cpu_seconds,
         "node_ready_seconds": [round(s, 2) for s in result.ready_seconds],
         "node_bytes_by_source": result.sources,
     }

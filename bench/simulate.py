@@ -46,10 +46,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.tracker import NodeView, Tracker, TrackerSettings
+from agent.tracker import Availability, NodeView, Tracker, TrackerSettings, rank_chunks
 from weightship.sizes import parse_size
 
 VERSION = "sha256:" + "5e" * 32
+#: seconds a node keeps one availability answer (agent.sources.Sources's default)
+AVAILABILITY_TTL = 0.25
 
 
 @dataclass(eq=False)
@@ -182,12 +184,13 @@ class Node:
         self.view = NodeView(name, f"http://{name}", rack=rack, zone=zone, upload_slots_free=sim.args.fanout)
         self.link = Endpoint(name, sim.nic, sim.nic)
         self.todo = list(range(sim.chunks))
-        if sim.args.order == "random":
+        if sim.args.order != "sequential":
             sim.rng.shuffle(self.todo)  # spread: nodes start on different chunks
         self.inflight: set[int] = set()
         self.have = 0
         self.finished_at: float | None = None
         self.retry_pending = False
+        self.ranked_at = float("-inf")
         self.from_peers = 0
         self.from_cache = 0
 
@@ -195,6 +198,13 @@ class Node:
         """Start chunks up to the concurrency; when the tracker says wait, try again later."""
         self.retry_pending = False
         tracker = self.sim.trackers[self.cluster]
+        if self.sim.args.order == "rarest" and self.sim.net.now - self.ranked_at >= AVAILABILITY_TTL:
+            # what the agent's fetcher does (agent.sources.Sources.availability, at most every 0.25 s)
+            self.ranked_at = self.sim.net.now
+            seen = tracker.availability(self.name, VERSION, self.sim.chunks)
+            cached = frozenset(self.sim.cluster_caches[self.cluster].held)
+            seen = Availability(seen.holders, seen.fetching, cached, seen.upstream_free)
+            self.todo = rank_chunks(self.todo, seen, self.name)
         asked = 0
         i = 0
         while len(self.inflight) < self.sim.args.concurrency and i < len(self.todo) and asked < self.sim.args.asks:
@@ -331,11 +341,13 @@ class Simulation:
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plan": {
+        "concurrency": 4,
         "nodes": 2000,
         "clusters": 10,
         "size": "140GB",
         "chunk": "1GiB",
         "asks": 16,
+        "order": "random",
         "nic": 25e9,
         "origin": 100e9,
         "cache": 100e9,
@@ -346,6 +358,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "size": "256MiB",
         "chunk": "4MiB",
         "asks": 64,
+        "order": "rarest",
+        "concurrency": 8,
         "nic": 100e6,
         "origin": 100e6,
         "cache": 100e6,
@@ -372,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="nodes per cluster fetching from the cache at once (default: cache link ÷ node link × concurrency)",
     )
-    parser.add_argument("--concurrency", type=int, default=4, help="chunks a node fetches at once")
+    parser.add_argument("--concurrency", type=int, help="chunks a node fetches at once (plan 4; fanout 8, as bench/fanout.py)")
     parser.add_argument(
         "--retry-after", type=float, default=TrackerSettings().retry_after, help="seconds a node told to wait waits"
     )
@@ -381,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--order",
-        choices=["sequential", "random"],
-        default="random",
-        help="the order a node wants chunks in (the agent's fetcher shuffles per node when it has peers)",
+        choices=["sequential", "random", "rarest"],
+        help="the order a node wants chunks in: the agent's is rarest (agent.tracker.rank_chunks on the "
+        "tracker's availability; fanout's default; plan's is random, as rarest costs O(nodes x chunks) per ask)",
     )
     parser.add_argument(
         "--asks", type=int, help="chunks a node with a free slot asks the tracker about per round (plan 16, fanout 64)"

@@ -2,11 +2,14 @@
 
 Starts a local S3 (moto's server, its own process) and the control plane (its own process,
 SQLite), generates a ~200 MB llama-style model, publishes v1 and v2 (v2 shares shards with v1,
-which are not uploaded again), starts 4 node agents (their own processes) that fetch and verify
-v1, switches the deployment to v2 and waits until the model server answers requests with v2
+which are not uploaded again), starts a cluster cache (an agent in ``--role cache --tier
+cluster``, which also runs the cluster's tracker) and 4 node agents (their own processes) that
+fetch and verify v1 through it and from each other (the origin sends v1 about once), switches the deployment to v2 and waits until the model server answers requests with v2
 (hot-swap under traffic), rolls back to v1 and waits until it answers with v1 again, and prints
 what happened. The last line is one JSON object of the figures; ``serve_versions_seen`` lists
-the digests the answers came from, in order (v1, v2, v1).
+the digests the answers came from, in order (v1, v2, v1); ``origin_bytes``, ``peer_bytes`` and
+``cache_bytes`` say where the bytes came from (the origin's count includes what the cache read
+from it), and ``v1_origin_bytes`` ÷ ``v1_bytes`` is how many copies of v1 the origin sent.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from weightship.client import Client
-from weightship.schemas import Role
+from weightship.schemas import NodeInfo, Role
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -146,6 +149,42 @@ def served_digest(url: str) -> str | None:
     return str(response.json().get("digest")) if response.status_code == 200 else None
 
 
+def start_cache(procs: Processes, work: Path, cp_url: str, token: str, env: dict[str, str]) -> str:
+    """A cluster cache (``--role cache --tier cluster``, the cluster's tracker too) reading from the origin; its URL.
+
+    No ``--upstream``: the demo has no region cache, so the cache's misses and read-ahead go to the
+    origin through the control plane's blob URLs.
+    """
+    peer, api = free_port(), free_port()
+    argv = [PY, "-m", "agent", "--role", "cache", "--tier", "cluster", "--control-plane", cp_url, "--token", token,
+            "--name", "demo-cache", "--data-dir", str(work / "cache"), "--local-api", f"127.0.0.1:{api}",
+            "--peer-listen", f"127.0.0.1:{peer}", "--heartbeat-interval", "0.5"]  # fmt: skip
+    procs.start("cache", argv, env)
+    url = f"http://127.0.0.1:{peer}"
+    wait_until("the cluster cache", lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200)
+    return url
+
+
+def by_source(node: NodeInfo) -> dict[str, int]:
+    """Bytes a node received per source (``origin``, ``cluster_cache``, ``peer``, ``local``), from its heartbeat."""
+    return {name: tally.bytes for name, tally in node.counters.sources.items()}
+
+
+def source_total(nodes: list[NodeInfo], source: str) -> int:
+    return sum(by_source(n).get(source, 0) for n in nodes)
+
+
+def origin_bytes(nodes: list[NodeInfo], cache_url: str) -> int:
+    """What left the origin: the nodes' own origin reads plus the cache's (its ``/metrics``)."""
+    text = httpx.get(cache_url + "/metrics", timeout=5).text
+    cache = sum(
+        int(float(line.rpartition(" ")[2]))
+        for line in text.splitlines()
+        if line.startswith('weightship_cache_fetch_bytes_total{source="origin"}')
+    )
+    return source_total(nodes, "origin") + cache
+
+
 def mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -226,12 +265,15 @@ def main() -> None:
         console.print(table)
         v1, v2 = (r.version.digest for r in results)
 
-        # 4. A deployment on v1, served by N agents.
+        # 4. A deployment on v1, served by N agents that fetch through a cluster cache and each other.
         ops = Client(cp_url, operator)
         epoch = ops.create_deployment(DEPLOYMENT, MODEL).epoch
         ops.set_pointer(DEPLOYMENT, stable="v1", expected_epoch=epoch, reason="first release")
+        cache_url = start_cache(procs, work, cp_url, agent_token, env)
+        console.print(f"cluster cache (and the cluster's tracker) at {cache_url}, reading from the origin")
         ports = [free_port() for _ in range(args.agents)]
         for i, port in enumerate(ports):
+            peer_port = free_port()
             procs.start(
                 f"agent-{i}",
                 [
@@ -256,6 +298,10 @@ def main() -> None:
                     f"zone-{i % 2}",
                     "--gpu-type",
                     "demo",
+                    "--peer-listen",
+                    f"127.0.0.1:{peer_port}",
+                    "--cluster-cache",
+                    cache_url,
                 ],
                 env,
             )
@@ -294,16 +340,27 @@ def main() -> None:
         traffic.start()
 
         def counters() -> dict[str, int]:
-            return {n.name: n.counters.bytes_downloaded for n in ops.list_nodes()}
+            """Bytes each node received over the network, from any source (origin, cache, peers)."""
+            return {n.name: sum(b for s, b in by_source(n).items() if s != "local") for n in nodes()}
+
+        def nodes() -> list[NodeInfo]:
+            return [n for n in ops.list_nodes() if n.role != "cache"]
 
         def reported(digest: str) -> bool:
-            nodes = ops.list_nodes()
-            return len(nodes) == args.agents and all(
-                any(s.name == DEPLOYMENT and s.digest == digest for s in n.serving) for n in nodes
+            found = nodes()
+            return len(found) == args.agents and all(
+                any(s.name == DEPLOYMENT and s.digest == digest for s in n.serving) for n in found
             )
 
         wait_until("heartbeats to report v1", lambda: reported(v1))
         after_v1 = counters()
+        v1_origin = origin_bytes(nodes(), cache_url)
+        v1_size = results[0].version.size
+        console.print(
+            f"v1 ({mb(v1_size)}) to {args.agents} agents: the origin sent {mb(v1_origin)} "
+            f"= {v1_origin / v1_size:.2f} copies (cache {mb(source_total(nodes(), 'cluster_cache'))}, "
+            f"peers {mb(source_total(nodes(), 'peer'))})"
+        )
 
         # 5. Switch to v2: only the changed shard is downloaded.
         ops.set_pointer(
@@ -337,12 +394,27 @@ def main() -> None:
             f"{traffic.failed} failed; versions seen in answers, in order: {seen}"
         )
 
-        table = Table("agent", "v1 download", "v2 switch download", "rollback download")
-        for name in sorted(after_rb):
+        final = nodes()
+        table = Table(
+            "agent", "v1 download", "v2 switch download", "rollback download", "from origin", "from cache", "from peers"
+        )
+        for node in sorted(final, key=lambda n: n.name):
+            name, got = node.name, by_source(node)
             table.add_row(
-                name, mb(after_v1[name]), mb(after_v2[name] - after_v1[name]), mb(after_rb[name] - after_v2[name])
+                name,
+                mb(after_v1[name]),
+                mb(after_v2[name] - after_v1[name]),
+                mb(after_rb[name] - after_v2[name]),
+                mb(got.get("origin", 0)),
+                mb(got.get("cluster_cache", 0)),
+                mb(got.get("peer", 0)),
             )
         console.print(table)
+        origin_total = origin_bytes(final, cache_url)
+        console.print(
+            f"sources: the origin sent {mb(origin_total)} (the cache's reads included), the cache served "
+            f"{mb(source_total(final, 'cluster_cache'))}, peers {mb(source_total(final, 'peer'))}"
+        )
         rollback_bytes = sum(after_rb[n] - after_v2[n] for n in after_rb)
         console.print(
             f"rollback: API call {rollback_api * 1000:.0f} ms, all {args.agents} agents switched in "
@@ -369,6 +441,11 @@ def main() -> None:
             "serve_requests": traffic.ok + traffic.failed,
             "serve_failed_requests": traffic.failed,
             "serve_versions_seen": traffic.sequence,
+            "origin_bytes": origin_total,
+            "peer_bytes": source_total(final, "peer"),
+            "cache_bytes": source_total(final, "cluster_cache"),
+            "v1_bytes": v1_size,
+            "v1_origin_bytes": v1_origin,
         }
         print(json.dumps(figures))
     finally:

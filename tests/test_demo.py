@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_demo_hot_swaps_under_traffic_and_rolls_back_without_downloading() -> None:
+@pytest.fixture(scope="module")
+def demo_figures() -> dict[str, object]:
+    """One small demo run (2 agents, 8 MB), its closing JSON line."""
     run = subprocess.run(
         [sys.executable, "demo/demo.py", "--size-mb", "8", "--agents", "2"],
         cwd=REPO,
@@ -27,6 +30,12 @@ def test_demo_hot_swaps_under_traffic_and_rolls_back_without_downloading() -> No
     )
     assert run.returncode == 0, f"the demo failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
     figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert isinstance(figures, dict)
+    return figures
+
+
+def test_demo_hot_swaps_under_traffic_and_rolls_back_without_downloading(demo_figures: dict[str, object]) -> None:
+    figures: dict[str, Any] = demo_figures
     assert figures["versions_published"] == 2
     assert figures["agents"] == 2
     assert figures["serve_requests"] > 0
@@ -38,3 +47,16 @@ def test_demo_hot_swaps_under_traffic_and_rolls_back_without_downloading() -> No
     v1, v2, back = seen
     assert v1 != v2, "the server never answered with v2 before the rollback"
     assert back == v1, "after the rollback the server must answer with v1 again"
+
+
+def test_demo_fetches_through_the_cluster_cache_and_peers_with_v1_from_the_origin_about_once(
+    demo_figures: dict[str, object],
+) -> None:
+    figures: dict[str, Any] = demo_figures
+    assert {"origin_bytes", "peer_bytes", "cache_bytes"} <= figures.keys()
+    assert figures["cache_bytes"] > 0  # nodes fetched through the cache
+    assert figures["peer_bytes"] >= 0
+    v1_bytes, v1_origin = figures["v1_bytes"], figures["v1_origin_bytes"]
+    # two agents, one copy of v1 out of the origin (the cache's read-through and read-ahead)
+    assert v1_bytes <= v1_origin <= 1.1 * v1_bytes, (v1_origin, v1_bytes)
+    assert figures["origin_bytes"] >= v1_origin

@@ -120,6 +120,7 @@ __all__ = [
     "TokenCreated",
     "TokenInfo",
     "TrackerAnnounce",
+    "TrackerAvailability",
     "TrackerHave",
     "TrackerReport",
     "TrackerSource",
@@ -729,6 +730,18 @@ class TrackerSources(_Schema):
     sources: list[TrackerSource]
     upstream_allowed: bool
     retry_after: Measure = 0.0
+
+
+class TrackerAvailability(_Schema):
+    """``GET /v1/tracker/availability``: a version's chunks as the asking node sees the cluster.
+
+    Lists are over the version's chunk order; the node asks first for what the swarm lacks most.
+    """
+
+    holders: list[Count] = Field(max_length=10_000_000, description="live peers holding each chunk (not the asker)")
+    fetching: list[Count] = Field(default_factory=list, description="chunks some node fetches from a cache now")
+    cached: list[Count] = Field(default_factory=list, description="chunks the cluster cache holds")
+    upstream_free: Count = 0
 
 
 class TrackerReport(_Schema):

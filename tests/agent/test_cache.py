@@ -58,11 +58,15 @@ async def test_a_hundred_concurrent_requests_for_a_cold_chunk_make_one_upstream_
     source = make_model("m1", tensors_mb=0.5, seed=21)
     v1 = fleet.publish(source, model, "v1")
     fleet.point(deployment, model, "v1")
-    region = start_cache(tmp_path, fleet, f"{model[:50]}-region", ["--tier", "region"])
+    # read-ahead off: this counts the fetches of one chunk (read-ahead has its own test)
+    region = start_cache(tmp_path, fleet, f"{model[:50]}-region", ["--tier", "region", "--read-ahead", "0"])
     caches.append(region)
     region_url = await running(region)
     cluster = start_cache(
-        tmp_path, fleet, f"{model[:50]}-cluster", ["--upstream", region_url, "--upload-concurrency", "128"]
+        tmp_path,
+        fleet,
+        f"{model[:50]}-cluster",
+        ["--upstream", region_url, "--upload-concurrency", "128", "--read-ahead", "0"],
     )
     caches.append(cluster)
     cluster_url = await running(cluster)
@@ -96,7 +100,7 @@ async def test_a_cache_killed_and_restarted_serves_its_stored_chunks_without_fet
     source = make_model("m1", tensors_mb=0.5, seed=22)
     v1 = fleet.publish(source, model, "v1")
     fleet.point(deployment, model, "v1")
-    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
+    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache", ["--read-ahead", "0"])
     caches.append(cache)
     url_of = await running(cache)
     auth = {"Authorization": "Ticket " + ticket(fleet, f"{model}-holder", [deployment], [v1.digest])}
@@ -131,7 +135,7 @@ async def test_a_cache_whose_upstream_is_down_reads_from_the_origin(
     source = make_model("m1", tensors_mb=0.25, seed=23)
     v1: Manifest = fleet.publish(source, model, "v1")
     fleet.point(deployment, model, "v1")
-    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache", ["--upstream", "http://127.0.0.1:9"])
+    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache", ["--upstream", "http://127.0.0.1:9", "--read-ahead", "0"])
     caches.append(cache)
     url_of = await running(cache)
     auth = {"Authorization": "Ticket " + ticket(fleet, f"{model}-holder", [deployment], [v1.digest])}
@@ -142,3 +146,40 @@ async def test_a_cache_whose_upstream_is_down_reads_from_the_origin(
     assert response.content == chunk_bytes(source, v1, big, 0)
     assert metric(url_of, fetches("origin")) == 1
     assert "cache.upstream_failed" in cache.log()
+
+
+async def test_a_cache_reads_a_version_ahead_once_after_its_first_request(
+    tmp_path: Path,
+    fleet: Fleet,
+    proxy: FaultProxy,
+    caches: list[AgentProcess],
+    model: str,
+    deployment: str,
+    make_model: Callable[..., Path],
+) -> None:
+    source = make_model("m1", tensors_mb=0.5, seed=24)
+    v1 = fleet.publish(source, model, "v1")
+    fleet.point(deployment, model, "v1")
+    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache", ["--read-ahead", "2"])
+    caches.append(cache)
+    url_of = await running(cache)
+    auth = {"Authorization": "Ticket " + ticket(fleet, f"{model}-holder", [deployment], [v1.digest])}
+    distinct = {digest for entry in v1.files for digest in entry.chunks}
+    assert len(distinct) > 4, "the test needs a version of several chunks"
+    proxy.served = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        first = await http.get(chunk_request(url_of, v1, 0, 0)[0], headers=auth)
+    assert first.status_code == 200, first.text
+    # One request, and the whole version arrives: nobody asked for the other chunks.
+    await eventually(
+        lambda: metric(url_of, "weightship_cache_chunks") == len(distinct), 60, "the cache to read the version ahead"
+    )
+    ranges = [(s.blob, s.start) for s in proxy.served]
+    assert len(ranges) == len(set(ranges)) == len(distinct)  # every chunk from the origin exactly once
+    async with httpx.AsyncClient(timeout=30) as http:
+        for number, entry in enumerate(v1.files):
+            for index in range(len(entry.chunks)):
+                response = await http.get(chunk_request(url_of, v1, number, index)[0], headers=auth)
+                assert response.content == chunk_bytes(source, v1, number, index)
+    assert len(proxy.served) == len(distinct)  # all hits now
+    assert "cache.read_ahead_done" in cache.log()

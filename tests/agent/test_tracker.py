@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.tracker import (
+    Availability,
     NodeView,
     Reason,
     Tracker,
@@ -12,6 +13,7 @@ from agent.tracker import (
     bitmap_of,
     chunk_order,
     indexes_of,
+    rank_chunks,
 )
 from weightship.errors import ValidationError
 
@@ -211,3 +213,67 @@ def test_settings_refuse_nonsense() -> None:
         TrackerSettings(fanout=0)
     with pytest.raises(ValidationError):
         TrackerSettings(lease_seconds=0)
+
+
+def test_a_chunk_whose_peers_are_all_at_their_fanout_bound_is_waited_for_not_fetched_upstream() -> None:
+    tracker, _ = make(fanout=1, upstream_slots=4)
+    tracker.announce(node("parent"), {V: [0]})
+    for child in ("a", "b"):
+        tracker.announce(node(child), {V: []})
+    assert [s.node for s in tracker.sources("a", V, 0).sources] == ["parent"]
+    busy = tracker.sources("b", V, 0)
+    # the cache's link is kept for chunks no peer has: b waits for the parent to free up
+    assert busy.sources == ()
+    assert not busy.upstream_allowed
+    assert busy.retry_after > 0
+    assert tracker.upstream_grants() == 0
+    tracker.announce_chunks(node("a"), V, [0])  # a finished: the parent is free, and a holds it too
+    assert {s.node for s in tracker.sources("b", V, 0).sources} == {"parent", "a"}
+    # a holder that was reported (avoided) does not count as busy: the child may go upstream
+    tracker.report("c", "parent", V, 1, Reason.corrupt)
+    tracker.report("c", "a", V, 1, Reason.corrupt)
+    assert tracker.sources("c", V, 0).upstream_allowed
+
+
+def test_availability_counts_live_holders_other_than_the_asker_and_the_chunks_fetched_upstream() -> None:
+    tracker, clock = make(upstream_slots=3, announce_ttl=30.0)
+    tracker.announce(node("a"), {V: [0, 1]})
+    tracker.announce(node("b"), {V: [1]})
+    tracker.announce(node("asker"), {V: [2]})
+    assert tracker.sources("asker", V, 3).upstream_allowed
+    seen = tracker.availability("asker", V, 5)
+    assert seen.holders == (1, 2, 0, 0, 0)  # its own chunk 2 is not counted
+    assert seen.fetching == {3}
+    assert seen.upstream_free == 2
+    clock.now += 20
+    tracker.announce(node("b"), {V: [1]})
+    clock.now += 15  # a is silent past the ttl: forgotten
+    assert tracker.availability("asker", V, 5).holders == (0, 1, 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("seen", "expected"),
+    [
+        # nothing anywhere: chunk order, the order the cache reads ahead
+        (Availability((0, 0, 0, 0)), [0, 1, 2, 3]),
+        # held by peers: rarest first, before chunks nobody has
+        (Availability((3, 0, 1, 2)), [2, 3, 0, 1]),
+        # only the cache has chunk 3, and an upstream grant is free: it enters the swarm first;
+        # chunk 1 is being fetched upstream by a node already: after what peers hold
+        (Availability((2, 0, 0, 0), fetching=frozenset({1}), cached=frozenset({3}), upstream_free=1), [3, 0, 1, 2]),
+        # no upstream grant free: the cached chunk is just one nobody else holds yet
+        (Availability((2, 0, 0, 0), cached=frozenset({3}), upstream_free=0), [0, 1, 2, 3]),
+    ],
+    ids=["chunk_order", "rarest_first", "cache_only_first", "no_upstream_slot"],
+)
+def test_chunks_are_ranked_cache_only_then_rarest_then_in_flight_then_chunk_order(
+    seen: Availability, expected: list[int]
+) -> None:
+    assert rank_chunks(range(4), seen, "n00") == expected
+
+
+def test_nodes_break_ties_between_equally_rare_chunks_differently() -> None:
+    seen = Availability((1,) * 64)
+    orders = {tuple(rank_chunks(range(64), seen, f"n{i:02d}")[:4]) for i in range(16)}
+    assert len(orders) == 16  # sixteen nodes, sixteen different first picks among equals
+    assert sorted(rank_chunks(range(64), seen, "n00")) == list(range(64))
