@@ -1,15 +1,24 @@
 """`make demo`: the main job end to end on one machine, on embedded defaults.
 
 Starts a local S3 (moto's server, its own process) and the control plane (its own process,
-SQLite), generates a ~200 MB llama-style model, publishes v1 and v2 (v2 shares shards with v1,
-which are not uploaded again), starts a cluster cache (an agent in ``--role cache --tier
-cluster``, which also runs the cluster's tracker) and 4 node agents (their own processes) that
-fetch and verify v1 through it and from each other (the origin sends v1 about once), switches the deployment to v2 and waits until the model server answers requests with v2
-(hot-swap under traffic), rolls back to v1 and waits until it answers with v1 again, and prints
-what happened. The last line is one JSON object of the figures; ``serve_versions_seen`` lists
-the digests the answers came from, in order (v1, v2, v1); ``origin_bytes``, ``peer_bytes`` and
-``cache_bytes`` say where the bytes came from (the origin's count includes what the cache read
-from it), and ``v1_origin_bytes`` ÷ ``v1_bytes`` is how many copies of v1 the origin sent.
+SQLite), generates a ~200 MB llama-style model in three versions (v2 redraws one shard; v3 also
+has NaNs in one layer), publishes them (shared shards are not uploaded again), and rolls v1 out. A
+cluster cache (an agent in ``--role cache --tier cluster``, which also runs the cluster's tracker)
+and 4 node agents start, each agent with a model server beside it; they fetch and verify v1
+through the cache and from each other (the origin sends v1 about once) while requests flow.
+
+Then the rollouts, started with ``weightship rollout start``: v2 is prefetched on every node, 25 %
+of the nodes switch to it, the control plane judges the canary on the model servers' own counters
+(validation, error rate) against stable, and promotes it. v3 goes the same way until its canary
+fails validation: the rollout aborts by itself and the canary nodes switch back to v2, already on
+their disks (0 bytes). Finally ``weightship rollback`` by hand returns everyone to v1.
+
+The last line is one JSON object of the figures: ``rollouts``, ``auto_rollback_seconds`` (failed
+measurement -> every canary node back on stable), ``canary_max_share``, ``serve_failed_requests``,
+``serve_versions_seen`` (node-0's answers, in order: v1, v2, v1; node-0 is never a canary at 25 %
+or 50 %), ``origin_bytes``, ``peer_bytes`` and ``cache_bytes`` (where the bytes came from; the
+origin's count includes what the cache read from it), and ``v1_origin_bytes`` / ``v1_bytes`` (how
+many copies of v1 the origin sent).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -33,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from weightship.client import Client
-from weightship.schemas import NodeInfo, Role
+from weightship.schemas import NodeInfo, Role, Rollout
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -104,37 +115,43 @@ def all_serving(procs: Processes, ports: list[int], digest: str) -> bool:
 
 
 class Traffic:
-    """Inference requests against the model server in a loop, counting failures, until stopped."""
+    """Inference requests against the model servers in turn, counting failures, until stopped."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
         self.ok = 0
         self.failed = 0
         self.digests: set[str] = set()
-        #: the digests answers came from, in order, each change recorded once (v1, v2, v1, ...)
-        self.sequence: list[str] = []
+        #: per server, the digests its answers came from, in order, each change recorded once (v1, v2, v1, ...)
+        self._sequences: list[list[str]] = [[] for _ in urls]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         with httpx.Client(timeout=30) as http:
             while not self._stop.is_set():
-                try:
-                    r = http.post(self.url + "/v1/generate", json={"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 1})
-                    if r.status_code == 200:
-                        self.ok += 1
-                        digest = str(r.json()["digest"])
-                        self.digests.add(digest)
-                        if not self.sequence or self.sequence[-1] != digest:
-                            self.sequence.append(digest)
-                    else:
+                for url, sequence in zip(self.urls, self._sequences, strict=True):
+                    try:
+                        r = http.post(url + "/v1/generate", json={"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 1})
+                    except httpx.HTTPError:
                         self.failed += 1
-                except httpx.HTTPError:
-                    self.failed += 1
+                        continue
+                    if r.status_code != 200:
+                        self.failed += 1
+                        continue
+                    self.ok += 1
+                    digest = str(r.json()["digest"])
+                    self.digests.add(digest)
+                    if not sequence or sequence[-1] != digest:
+                        sequence.append(digest)
 
-    def answered_with(self, digest: str, changes: int) -> bool:
-        """Whether answers came from ``digest`` after at least ``changes`` changes of version."""
-        return len(self.sequence) > changes and self.sequence[-1] == digest
+    def sequence(self, server: int) -> list[str]:
+        return list(self._sequences[server])
+
+    def answered_with(self, server: int, digest: str, changes: int) -> bool:
+        """Whether ``server`` answered from ``digest`` after at least ``changes`` changes of version."""
+        sequence = self._sequences[server]
+        return len(sequence) > changes and sequence[-1] == digest
 
     def start(self) -> None:
         self._thread.start()
@@ -142,6 +159,101 @@ class Traffic:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+
+def start_serve(procs: Processes, env: dict[str, str], index: int, agent_port: int) -> str:
+    """``weightship-serve`` beside agent ``index``, pushing its counters every half second; its URL."""
+    port = free_port()
+    argv = [PY, "-m", "gpu_loader.serve", "--agent", f"http://127.0.0.1:{agent_port}", "--deployment", DEPLOYMENT,
+            "--port", str(port), "--device", "cpu", "--verify", "trust", "--workers", "1",
+            "--metrics-push-seconds", "0.5"]  # fmt: skip
+    procs.start(f"serve-{index}", argv, env)
+    return f"http://127.0.0.1:{port}"
+
+
+def cli(url: str, token: str, *argv: str) -> str:
+    """Run the ``weightship`` CLI as a user would; its standard output. Fails the demo on a non-zero exit."""
+    env = {**os.environ, "WEIGHTSHIP_URL": url, "WEIGHTSHIP_TOKEN": token, "COLUMNS": "120"}
+    run = subprocess.run([str(BIN / "weightship"), *argv], env=env, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise SystemExit(f"demo: `weightship {' '.join(argv)}` failed ({run.returncode}): {run.stderr.strip()}")
+    return run.stdout
+
+
+def rollout_spec(weight: int) -> dict[str, object]:
+    """Prefetch everywhere, move ``weight`` % of the nodes, then judge the canary against stable.
+
+    ``golden``: any failed validation (golden check, NaN scan) of the canary fails the rollout.
+    ``error-rate``: the canary's 5xx rate may exceed stable's by at most 5 points. Both compare the
+    model servers' own counters, reported through their agents, over the same window.
+    """
+    timing = {"initialDelay": "3s", "interval": "2s", "count": 2, "inconclusiveLimit": 1}
+    golden = {"metric": "validation", "window": "60s", "timeout": "1s"}
+    errors = {"metric": "errorRate", "minRequests": 5, "window": "20s", "timeout": "1s"}
+    metrics = [
+        {"name": "golden", "provider": {"builtin": golden}, "failureCondition": "result['canary_failed'] > 0", **timing},
+        {"name": "error-rate", "provider": {"builtin": errors}, "successCondition": "result['delta'] <= 0.05", **timing},
+    ]
+    return {"steps": [{"prefetch": {"percent": 100}}, {"setWeight": weight}, {"analysis": {"metrics": metrics}}]}
+
+
+def start_rollout(url: str, token: str, label: str, work: Path, weight: int, *, steps: bool = True) -> str:
+    """``weightship rollout start DEPLOYMENT LABEL --spec FILE``; the rollout's id."""
+    spec = work / f"rollout-{label}.json"
+    spec.write_text(json.dumps(rollout_spec(weight) if steps else {"steps": []}))
+    answer = json.loads(cli(url, token, "rollout", "start", DEPLOYMENT, label, "--spec", str(spec), "--json"))
+    return str(answer["id"])
+
+
+@dataclass
+class Followed:
+    """What the demo saw while a rollout ran."""
+
+    rollout: Rollout
+    seconds: float
+    #: the largest share of the agents serving the version while it was a canary
+    max_share: float
+    #: each node's bytes received when the canary step began
+    bytes_at_canary: dict[str, int]
+    #: when the measurement that failed the analysis finished (server clock), if one did
+    failed_at: datetime | None
+    reason: str
+
+
+def follow(
+    ops: Client, rollout_id: str, version: str, procs: Processes, ports: list[int], counters: Callable[[], dict[str, int]]
+) -> Followed:
+    """Print each step as the rollout takes it, until it completes or is aborted."""
+    start = time.monotonic()
+    shown = ""
+    max_share = 0.0
+    bytes_at_canary: dict[str, int] = {}
+    while time.monotonic() - start < 300:
+        procs.check()
+        rollout = ops.get_rollout(DEPLOYMENT, rollout_id)
+        current = rollout.steps[rollout.step_index] if rollout.step_index < len(rollout.steps) else None
+        if current is not None and current.kind == "setWeight" and not bytes_at_canary:
+            bytes_at_canary = counters()
+        line = f"{rollout.phase}: {current.summary if current else 'done'} — {rollout.message}"
+        if line != shown:
+            console.print(f"  [{time.monotonic() - start:5.1f}s] step {min(rollout.step_index + 1, rollout.steps_total)}"
+                          f"/{rollout.steps_total} {line}")  # fmt: skip
+            shown = line
+        if rollout.completed or rollout.aborted:
+            failed = [
+                (m.finished_at, f"{metric.name}: {m.message or m.value}")
+                for run in rollout.analysis_runs
+                for metric in run.metrics
+                for m in metric.measurements
+                if m.phase == "Failed" and m.finished_at is not None
+            ]
+            failed_at, reason = min(failed, key=lambda f: f[0]) if failed else (None, rollout.message)
+            return Followed(rollout, time.monotonic() - start, max_share, bytes_at_canary, failed_at, reason)
+        if current is not None:  # past the last step the version is being made stable: no longer a canary
+            states = [local_state(p).get("digest") for p in ports]
+            max_share = max(max_share, sum(d == version for d in states) / len(states))
+        time.sleep(0.1)
+    raise SystemExit(f"demo: rollout {rollout_id} of {version[:19]} did not finish in 300 s")
 
 
 def served_digest(url: str) -> str | None:
@@ -193,6 +305,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--size-mb", type=float, default=200.0)
+    parser.add_argument(
+        "--canary-weight", type=int, default=25, help="percent of the nodes the canary step moves (at least one must fall in it)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
 
@@ -224,6 +339,9 @@ def main() -> None:
             "WEIGHTSHIP_S3_ENDPOINT_URL": s3_url,
             "WEIGHTSHIP_ADMIN_TOKEN": admin,
             "WEIGHTSHIP_PUBLIC_URL": cp_url,
+            # the demo's clock runs fast: rollouts reconcile twice a second, serving counters sampled each second
+            "WEIGHTSHIP_ROLLOUT_TICK_SECONDS": "0.5",
+            "WEIGHTSHIP_SERVE_SAMPLE_SECONDS": "1",
         }
         procs.start("controlplane", [PY, "-m", "controlplane", "serve", "--port", str(cp_port)], cp_env)
         wait_until("the control plane", lambda: httpx.get(cp_url + "/readyz", timeout=1).status_code == 200)
@@ -235,7 +353,7 @@ def main() -> None:
             # An enrolment token: each agent enrols with it once and then uses its own node token.
             agent_token = root.create_token("demo-enrolment", Role.agent).token
 
-        # 2. Two versions of a real safetensors model; v2 redraws only the last shard.
+        # 2. Three versions of a real safetensors model; v2 and v3 redraw only the last shard, v3 is broken.
         t0 = time.monotonic()
         gen = [PY, "-m", "gpu_loader.modelgen"]
         common = ["--size-mb", str(args.size_mb), "--seed", "7", "--shards", "4"]
@@ -243,13 +361,22 @@ def main() -> None:
         subprocess.run(
             [*gen, str(work / "v2"), *common, "--variant", "1"], check=True, env=env, stdout=subprocess.DEVNULL
         )
-        console.print(f"generated v1 and v2 ({args.size_mb:.0f} MB each, 4 shards) in {time.monotonic() - t0:.1f}s")
+        subprocess.run(
+            [*gen, str(work / "v3"), *common, "--variant", "2", "--corrupt", "nan"],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        console.print(
+            f"generated v1, v2 and v3 ({args.size_mb:.0f} MB each, 4 shards; v3 has NaNs in one layer) "
+            f"in {time.monotonic() - t0:.1f}s"
+        )
 
-        # 3. Publish both; v2's unchanged shards are already in the store.
+        # 3. Publish all three; unchanged shards are already in the store.
         table = Table("version", "digest", "files", "total", "uploaded", "deduplicated", "hash s", "upload s")
         results = []
         with Client(cp_url, publisher) as client:
-            for label in ("v1", "v2"):
+            for label in ("v1", "v2", "v3"):
                 r = client.publish_directory(work / label, MODEL, [label])
                 results.append(r)
                 table.add_row(
@@ -263,80 +390,41 @@ def main() -> None:
                     f"{r.upload_seconds:.2f}",
                 )
         console.print(table)
-        v1, v2 = (r.version.digest for r in results)
+        v1, v2, v3 = (r.version.digest for r in results)
 
-        # 4. A deployment on v1, served by N agents that fetch through a cluster cache and each other.
+        # 4. A deployment whose first rollout (v1) makes it stable at once; N agents behind a cluster cache.
         ops = Client(cp_url, operator)
-        epoch = ops.create_deployment(DEPLOYMENT, MODEL).epoch
-        ops.set_pointer(DEPLOYMENT, stable="v1", expected_epoch=epoch, reason="first release")
+        ops.create_deployment(DEPLOYMENT, MODEL)
+        rollouts: list[dict[str, object]] = []
+        first = start_rollout(cp_url, operator, "v1", work, args.canary_weight, steps=False)
+        wait_until("the v1 rollout to make v1 stable", lambda: ops.get_rollout(DEPLOYMENT, first).completed)
+        rollouts.append({"version": "v1", "phase": ops.get_rollout(DEPLOYMENT, first).phase, "steps": 0})
         cache_url = start_cache(procs, work, cp_url, agent_token, env)
         console.print(f"cluster cache (and the cluster's tracker) at {cache_url}, reading from the origin")
         ports = [free_port() for _ in range(args.agents)]
         for i, port in enumerate(ports):
             peer_port = free_port()
-            procs.start(
-                f"agent-{i}",
-                [
-                    PY,
-                    "-m",
-                    "agent",
-                    "--control-plane",
-                    cp_url,
-                    "--token",
-                    agent_token,
-                    "--name",
-                    f"node-{i}",
-                    "--data-dir",
-                    str(work / f"node-{i}"),
-                    "--deployment",
-                    DEPLOYMENT,
-                    "--local-api",
-                    f"127.0.0.1:{port}",
-                    "--heartbeat-interval",
-                    "0.5",
-                    "--zone",
-                    f"zone-{i % 2}",
-                    "--gpu-type",
-                    "demo",
-                    "--peer-listen",
-                    f"127.0.0.1:{peer_port}",
-                    "--cluster-cache",
-                    cache_url,
-                ],
-                env,
-            )
+            argv = [PY, "-m", "agent", "--control-plane", cp_url, "--token", agent_token, "--name", f"node-{i}",
+                    "--data-dir", str(work / f"node-{i}"), "--deployment", DEPLOYMENT,
+                    "--local-api", f"127.0.0.1:{port}", "--heartbeat-interval", "0.5", "--zone", f"zone-{i % 2}",
+                    "--gpu-type", "demo", "--peer-listen", f"127.0.0.1:{peer_port}",
+                    "--cluster-cache", cache_url]  # fmt: skip
+            procs.start(f"agent-{i}", argv, env)
         took = wait_until(
             f"{args.agents} agents to fetch, verify and serve v1", lambda: all_serving(procs, ports, v1), timeout=180
         )
         console.print(f"{args.agents} agents fetched, verified and switched to v1 in {took:.1f}s")
 
-        # A model server beside node-0: loads through gpu_loader, validates, hot-swaps on switches.
-        serve_port = free_port()
-        serve_url = f"http://127.0.0.1:{serve_port}"
-        procs.start(
-            "serve",
-            [
-                PY,
-                "-m",
-                "gpu_loader.serve",
-                "--agent",
-                f"http://127.0.0.1:{ports[0]}",
-                "--deployment",
-                DEPLOYMENT,
-                "--port",
-                str(serve_port),
-                "--device",
-                "cpu",
-                "--verify",
-                "trust",
-            ],
-            env,
-        )
+        # A model server beside each agent: loads through gpu_loader, validates, hot-swaps on switches,
+        # and reports per-version counters (requests, errors, latency, validation) to its agent.
+        serve_urls = [start_serve(procs, env, i, port) for i, port in enumerate(ports)]
         took = wait_until(
-            "the model server to load and validate v1", lambda: served_digest(serve_url) == v1, timeout=120
+            "the model servers to load and validate v1",
+            lambda: all(served_digest(u) == v1 for u in serve_urls),
+            timeout=180,
         )
-        console.print(f"model server on node-0 loaded v1 (verify=trust), passed validation and is ready in {took:.1f}s")
-        traffic = Traffic(serve_url)
+        console.print(f"{len(serve_urls)} model servers loaded v1 (verify=trust), passed validation, ready in {took:.1f}s")
+        traffic = Traffic(serve_urls)
         traffic.start()
 
         def counters() -> dict[str, int]:
@@ -362,49 +450,77 @@ def main() -> None:
             f"peers {mb(source_total(nodes(), 'peer'))})"
         )
 
-        # 5. Switch to v2: only the changed shard is downloaded.
-        ops.set_pointer(
-            DEPLOYMENT, stable="v2", expected_epoch=ops.get_deployment(DEPLOYMENT).epoch, reason="new weights"
-        )
-        took = wait_until("all agents to serve v2", lambda: all_serving(procs, ports, v2), timeout=180)
+        # 5. v2 (good): prefetch everywhere, canary, judged on the model servers' own figures, promoted.
+        console.rule("rollout of v2 (good weights)")
+        v2_id = start_rollout(cp_url, operator, "v2", work, args.canary_weight)
+        v2_run = follow(ops, v2_id, v2, procs, ports, counters)
+        if not v2_run.rollout.completed:
+            raise SystemExit(f"demo: the v2 rollout did not complete: {v2_run.rollout.phase}: {v2_run.rollout.message}")
+        rollouts.append({"version": "v2", "phase": v2_run.rollout.phase, "steps": v2_run.rollout.steps_total})
+        wait_until("all agents to serve v2", lambda: all_serving(procs, ports, v2), timeout=120)
         wait_until("heartbeats to report v2", lambda: reported(v2))
         after_v2 = counters()
-        console.print(f"all agents switched to v2 in {took:.1f}s")
-        # Hot-swap under traffic: the model server must answer with v2 before anything rolls back.
         took = wait_until(
-            "the model server to answer requests with v2", lambda: traffic.answered_with(v2, 1), timeout=120
+            "node-0's model server to answer requests with v2", lambda: traffic.answered_with(0, v2, 1), timeout=120
         )
-        console.print(f"model server hot-swapped to v2 under traffic; answering with v2 after {took:.1f}s more")
+        console.print(
+            f"v2 promoted after {v2_run.seconds:.1f}s; canary reached {v2_run.max_share:.0%} of the nodes; "
+            f"every model server answers with v2 (hot-swapped under traffic)"
+        )
 
-        # 6. Roll back: a pointer flip to the copy already on every disk.
+        # 6. v3 (NaNs in one layer): canary fails validation; the rollout rolls itself back, 0 bytes.
+        console.rule("rollout of v3 (broken weights: NaNs in one layer)")
+        v3_id = start_rollout(cp_url, operator, "v3", work, args.canary_weight)
+        v3_run = follow(ops, v3_id, v3, procs, ports, counters)
+        if v3_run.failed_at is None:
+            raise SystemExit(f"demo: the v3 rollout was not aborted: {v3_run.rollout.phase}: {v3_run.rollout.message}")
+        wait_until("the canary nodes to serve v2 again", lambda: all_serving(procs, ports, v2), timeout=60,
+                   interval=0.005)  # fmt: skip
+        auto_rollback = (datetime.now(UTC) - v3_run.failed_at).total_seconds()
+        wait_until("heartbeats to report the automatic rollback", lambda: reported(v2))
+        after_auto = counters()
+        auto_bytes = sum(after_auto[n] - v3_run.bytes_at_canary.get(n, 0) for n in after_auto)
+        rollouts.append({"version": "v3", "phase": ops.get_rollout(DEPLOYMENT, v3_id).phase,
+                         "steps": v3_run.rollout.steps_total})  # fmt: skip
+        console.print(
+            f"v3 failed its analysis ({v3_run.reason}); all canary nodes back on v2 {auto_rollback:.2f}s after "
+            f"the failed measurement, {auto_bytes} bytes downloaded"
+        )
+        print(cli(cp_url, operator, "rollout", "status", DEPLOYMENT, "--rollout", v3_id), end="")  # as the CLI drew it
+
+        # 7. Roll back by hand: `weightship rollback` flips the pointer to the copy already on every disk.
+        console.rule("manual rollback to v1")
         start = time.monotonic()
-        ops.rollback(DEPLOYMENT, reason="demo: roll back v2")
-        rollback_api = time.monotonic() - start
+        answer = json.loads(cli(cp_url, operator, "--json", "rollback", DEPLOYMENT, "--reason", "demo: back to v1"))
+        rollback_cli = time.monotonic() - start
         wait_until("all agents to serve v1 again", lambda: all_serving(procs, ports, v1), timeout=60, interval=0.005)
         rollback_all = time.monotonic() - start
         wait_until("heartbeats to report the rollback", lambda: reported(v1))
         after_rb = counters()
         wait_until(
-            "the model server to answer requests with v1 again", lambda: traffic.answered_with(v1, 2), timeout=120
+            "node-0's model server to answer with v1 again", lambda: traffic.answered_with(0, v1, 2), timeout=120
         )
         traffic.stop()
-        seen = " -> ".join(("v1" if d == v1 else "v2" if d == v2 else d[:19]) for d in traffic.sequence)
+        names = {v1: "v1", v2: "v2", v3: "v3"}
+        seen = " -> ".join(names.get(d, d[:19]) for d in traffic.sequence(0))
         console.print(
-            f"model server: {traffic.ok} requests answered during the switch and the rollback, "
-            f"{traffic.failed} failed; versions seen in answers, in order: {seen}"
+            f"model servers: {traffic.ok} requests answered through two rollouts and a rollback, "
+            f"{traffic.failed} failed; node-0 answered with, in order: {seen}; "
+            f"versions any server answered with: {', '.join(sorted(names.get(d, d[:19]) for d in traffic.digests))}"
         )
 
         final = nodes()
-        table = Table(
-            "agent", "v1 download", "v2 switch download", "rollback download", "from origin", "from cache", "from peers"
-        )
+        table = Table("agent", "v1 download", "v2 rollout download", "v3 prefetch", "auto rollback", "manual rollback",
+                      "from origin", "from cache", "from peers")  # fmt: skip
         for node in sorted(final, key=lambda n: n.name):
             name, got = node.name, by_source(node)
             table.add_row(
                 name,
                 mb(after_v1[name]),
                 mb(after_v2[name] - after_v1[name]),
-                mb(after_rb[name] - after_v2[name]),
+                mb(v3_run.bytes_at_canary.get(name, 0) - after_v2[name]),
+                mb(after_auto[name] - v3_run.bytes_at_canary.get(name, 0)),
+                mb(after_rb[name] - after_auto[name]),
                 mb(got.get("origin", 0)),
                 mb(got.get("cluster_cache", 0)),
                 mb(got.get("peer", 0)),
@@ -415,17 +531,18 @@ def main() -> None:
             f"sources: the origin sent {mb(origin_total)} (the cache's reads included), the cache served "
             f"{mb(source_total(final, 'cluster_cache'))}, peers {mb(source_total(final, 'peer'))}"
         )
-        rollback_bytes = sum(after_rb[n] - after_v2[n] for n in after_rb)
+        rollback_bytes = sum(after_rb[n] - after_auto[n] for n in after_rb)
         console.print(
-            f"rollback: API call {rollback_api * 1000:.0f} ms, all {args.agents} agents switched in "
-            f"{rollback_all * 1000:.0f} ms, {rollback_bytes} bytes downloaded"
+            f"manual rollback: `weightship rollback` took {rollback_cli * 1000:.0f} ms (API {answer['seconds'] * 1000:.0f} "
+            f"ms), all {args.agents} agents switched in {rollback_all * 1000:.0f} ms, {rollback_bytes} bytes downloaded"
         )
 
-        history = Table("epoch", "action", "actor", "from", "to", "reason")
+        history = Table("epoch", "action", "actor", "stable", "canary", "share", "reason")
         for ev in ops.history(DEPLOYMENT):
             history.add_row(
-                str(ev.epoch), ev.action, ev.actor, (ev.from_stable or "-")[:19], (ev.to_stable or "-")[:19], ev.reason
-            )
+                str(ev.epoch), ev.action, ev.actor, names.get(ev.to_stable or "", "-"),
+                names.get(ev.to_canary or "", "-"), f"{ev.canary_share:.0%}", ev.reason,
+            )  # fmt: skip
         console.print(history)
         ops.close()
 
@@ -433,14 +550,20 @@ def main() -> None:
             "versions_published": len(results),
             "bytes_uploaded": sum(r.bytes_uploaded for r in results),
             "bytes_deduplicated": sum(r.bytes_deduplicated for r in results),
-            "rollback_seconds": round(rollback_api, 4),
+            "rollouts": rollouts,
+            "canary_max_share": round(max(v2_run.max_share, v3_run.max_share), 4),
+            "auto_rollback_seconds": round(auto_rollback, 4),
+            "auto_rollback_bytes_downloaded": auto_bytes,
+            "rollback_seconds": round(float(answer["seconds"]), 4),
+            "rollback_cli_seconds": round(rollback_cli, 4),
             "agents": args.agents,
             "rollback_bytes_downloaded": rollback_bytes,
             "rollback_all_switched_seconds": round(rollback_all, 4),
             "v2_switch_bytes_downloaded": sum(after_v2[n] - after_v1[n] for n in after_v2),
             "serve_requests": traffic.ok + traffic.failed,
             "serve_failed_requests": traffic.failed,
-            "serve_versions_seen": traffic.sequence,
+            "serve_versions_seen": traffic.sequence(0),
+            "serve_versions_answered": sorted(traffic.digests),
             "origin_bytes": origin_total,
             "peer_bytes": source_total(final, "peer"),
             "cache_bytes": source_total(final, "cluster_cache"),

@@ -1,4 +1,7 @@
-"""`make demo` as part of `make test`: the whole story on a small model, checked from its JSON line."""
+"""`make demo` as part of `make test`: the whole story on a small model, checked from its JSON line.
+
+Two agents, and the canary step moves 50 % of them (node-1 falls in it; node-0 never does).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def demo_figures() -> dict[str, object]:
     """One small demo run (2 agents, 8 MB), its closing JSON line."""
     run = subprocess.run(
-        [sys.executable, "demo/demo.py", "--size-mb", "8", "--agents", "2"],
+        [sys.executable, "demo/demo.py", "--size-mb", "8", "--agents", "2", "--canary-weight", "50"],
         cwd=REPO,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         capture_output=True,
@@ -36,7 +39,7 @@ def demo_figures() -> dict[str, object]:
 
 def test_demo_hot_swaps_under_traffic_and_rolls_back_without_downloading(demo_figures: dict[str, object]) -> None:
     figures: dict[str, Any] = demo_figures
-    assert figures["versions_published"] == 2
+    assert figures["versions_published"] == 3
     assert figures["agents"] == 2
     assert figures["serve_requests"] > 0
     assert figures["serve_failed_requests"] == 0
@@ -60,3 +63,17 @@ def test_demo_fetches_through_the_cluster_cache_and_peers_with_v1_from_the_origi
     # two agents, one copy of v1 out of the origin (the cache's read-through and read-ahead)
     assert v1_bytes <= v1_origin <= 1.1 * v1_bytes, (v1_origin, v1_bytes)
     assert figures["origin_bytes"] >= v1_origin
+
+
+def test_demo_promotes_the_good_version_and_rolls_the_broken_one_back_by_itself(
+    demo_figures: dict[str, object],
+) -> None:
+    figures: dict[str, Any] = demo_figures
+    outcomes = [(r["version"], r["phase"]) for r in figures["rollouts"]]
+    assert outcomes == [("v1", "Healthy"), ("v2", "Healthy"), ("v3", "Degraded")], outcomes
+    assert 0 < figures["canary_max_share"] <= 0.5, "the canary never exceeded its step's share of the nodes"
+    assert figures["auto_rollback_bytes_downloaded"] == 0
+    assert 0 <= figures["auto_rollback_seconds"] < 30
+    # v3 failed validation on its canary: no model server ever answered with it
+    v1, v2, _ = figures["serve_versions_seen"]
+    assert sorted(figures["serve_versions_answered"]) == sorted({v1, v2})
