@@ -309,3 +309,15 @@ def test_rollout_id_with_kube_is_refused() -> None:
     result = invoke(lambda r: pytest.fail("no request"), "rollout", "status", "chat", "-n", "m", "--rollout", "r-1")
     assert result.exit_code == 1
     assert "--rollout names a fleet rollout" in result.stderr
+
+
+def test_watch_on_a_terminal_redraws_one_live_view() -> None:
+    states = [rollout(), rollout(step_index=2, weight=50.0), rollout(step_index=3, phase="Healthy", completed=True)]
+    clock = FakeClock()
+    seams = CliSeams(transport=httpx.MockTransport(lambda r: answer(states.pop(0))), sleep=clock.sleep, clock=clock)
+    env = {"COLUMNS": "120", "FORCE_COLOR": "1"}  # rich treats the output as a terminal
+    result = CliRunner().invoke(app, ["rollout", "status", "chat-prod", "--watch"], obj=seams, env=env)
+    assert result.exit_code == 0, result.stderr
+    assert "\x1b[?25l" in result.stdout  # the cursor hidden while the view redraws in place
+    assert "Healthy" in result.stdout
+    assert not states
