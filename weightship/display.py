@@ -238,15 +238,7 @@ def nodes_table(nodes: Sequence[NodeInfo], now: datetime | None = None) -> Table
     """``weightship nodes``."""
     now = now or datetime.now(UTC)
     table = Table(
-        "NODE",
-        "ROLE",
-        "PLACE",
-        "GPU",
-        "SEEN",
-        "SERVING",
-        "VERSIONS",
-        "DOWNLOADED",
-        "PROBLEMS",
+        "NODE", "ROLE", "PLACE", "GPU", "SEEN", "SERVING", "VERSIONS", "DOWNLOADED", "PROBLEMS",
         title="nodes",
         title_justify="left",
     )

@@ -156,9 +156,7 @@ def _read_body(response: httpx.Response) -> tuple[str | None, str | None, dict[s
         title = doc.get("title")
         message = detail if isinstance(detail, str) and detail else title if isinstance(title, str) else None
         fields = {
-            k: v
-            for k, v in doc.items()
-            if k not in _PROBLEM_MEMBERS and (v is None or isinstance(v, str | int | float))
+            k: v for k, v in doc.items() if k not in _PROBLEM_MEMBERS and (v is None or isinstance(v, str | int | float))
         }
         return (code if isinstance(code, str) else None), message, fields
     return None, None, {}
