@@ -59,7 +59,9 @@ from sqlalchemy.engine import CursorResult
 
 from controlplane.deployments import Pointer, change_pointer, notify_pointer_changed, pointer_action
 from controlplane.fleet import in_canary, node_infos
+from controlplane.notify import RESYNC
 from controlplane.persistence.db import DeploymentRow, RolloutRow, VersionRow, utcnow
+from controlplane.rollout_resources import ROLLOUTS
 from controlplane.rollouts.actions import MeasureMetric, SetPointer
 from controlplane.rollouts.engine import Reconciliation, reconcile
 from controlplane.rollouts.observations import FleetObservation, MeasurementResult, Observations, PointerObservation
@@ -164,22 +166,36 @@ class FleetRolloutDriver:
         self.providers.check_spec(spec)
 
     def wake(self) -> None:
-        """Reconcile soon (a rollout was created or a verb applied in this process)."""
+        """Reconcile soon (from any thread)."""
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._wake.set)
 
+    def on_change(self, topic: str) -> None:
+        """Change-feed listener: a rollout was created or acted on (in any process), or feeds resynced."""
+        if topic in (ROLLOUTS, RESYNC):
+            self._wake.set()
+
     async def run_forever(self, tick_seconds: float) -> None:
-        """Tick every ``tick_seconds`` (or at once when woken) until cancelled."""
+        """Tick every ``tick_seconds`` while it drives something, else every lease period; at once when woken.
+
+        An idle process (no active rollout, or all leased by others) looks again after a lease
+        period, so it takes over a dead holder's rollout within about two lease periods, and it
+        is woken at once by the change feed when a rollout is created or acted on anywhere.
+        """
         self.loop = asyncio.get_running_loop()
-        event(log, "rollout.driver_started", holder=self.holder, tick_seconds=tick_seconds)
+        self.state.changes.subscribe(self.on_change)
+        idle_seconds = max(tick_seconds, self.state.settings.rollout_lease_seconds)
+        event(log, "rollout.driver_started", holder=self.holder, tick_seconds=tick_seconds, idle_seconds=idle_seconds)
         while True:
+            busy = False
             try:
-                await self.tick()
+                outcomes = await self.tick()
+                busy = any(outcome != Outcome.LEASED_ELSEWHERE for outcome in outcomes.values())
             except WeightshipError as exc:  # a database outage: the next tick tries again
                 event(log, "rollout.tick_failed", logging.WARNING, holder=self.holder, error=exc.message)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), tick_seconds)
+                await asyncio.wait_for(self._wake.wait(), tick_seconds if busy else idle_seconds)
 
     async def tick(self) -> dict[str, str]:
         """Drive every active rollout once; returns rollout id -> :class:`Outcome`."""

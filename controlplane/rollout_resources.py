@@ -53,6 +53,7 @@ from weightship.schemas import (
 
 __all__ = [
     "CURRENT",
+    "ROLLOUTS",
     "RolloutActive",
     "RolloutSpecInvalid",
     "RolloutVerbRefused",
@@ -66,6 +67,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: the change-feed topic announcing that a rollout was created or acted on (wakes every driver)
+ROLLOUTS = "rollouts"
 #: the rollout id that names the deployment's active rollout, else its latest
 CURRENT = "current"
 _WRITE_RETRIES = 5

@@ -1,7 +1,7 @@
 """HTTP routes of rollouts (``controlplane.rollout_resources``): create, read, list, verbs.
 
 The contract (shared with the CLI) is in ``docs/api.md``; the fleet driver that moves rollouts
-forward (``controlplane.rollout_driver``) is woken after a create or a verb in this process.
+forward (``controlplane.rollout_driver``) is woken through the change feed after a create or a verb.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.http.problems import errors
 from controlplane.rollout_driver import FleetRolloutDriver
-from controlplane.rollout_resources import apply_verb, create_rollout, get_rollout, list_rollouts
+from controlplane.rollout_resources import ROLLOUTS, apply_verb, create_rollout, get_rollout, list_rollouts
 from weightship.schemas import Role, Rollout, RolloutAction, RolloutCreate, RolloutList
 
 __all__ = ["router"]
@@ -45,9 +45,9 @@ async def start_rollout(
     principal: Principal = Depends(require(Role.operator, Role.publisher)),
 ) -> Rollout:
     """Start a rollout of ``spec.version``; 409 ``rollout-active`` if one is active, 422 for a bad spec."""
-    driver = _driver(request)
-    rollout = await run_in_threadpool(create_rollout, state_of(request), name, body, principal, driver.check_spec)
-    driver.wake()
+    state = state_of(request)
+    rollout = await run_in_threadpool(create_rollout, state, name, body, principal, _driver(request).check_spec)
+    await state.changes.announce(ROLLOUTS)  # wakes the drivers of every process
     return rollout
 
 
@@ -87,7 +87,7 @@ async def rollout_action(
     principal: Principal = Depends(require(Role.operator)),
 ) -> Rollout:
     """Apply a verb; 409 ``rollout-verb`` when it does not fit the rollout's state (the message says what does)."""
-    driver = _driver(request)
-    rollout = await run_in_threadpool(apply_verb, state_of(request), name, rollout_id, body.verb, principal)
-    driver.wake()
+    state = state_of(request)
+    rollout = await run_in_threadpool(apply_verb, state, name, rollout_id, body.verb, principal)
+    await state.changes.announce(ROLLOUTS)
     return rollout
