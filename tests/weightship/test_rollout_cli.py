@@ -236,9 +236,15 @@ def test_list_across_deployments_or_of_one() -> None:
     assert result.exit_code == 0, result.stderr
     assert "r-7f3a" in result.stdout
     assert "r-0001" in result.stdout
-    result = invoke(handler, "--json", "rollout", "list", "chat-prod", "--active")
-    assert [r["id"] for r in json.loads(result.stdout)] == ["r-7f3a"]  # the completed one is not active
-    assert seen == ["http://x/v1/rollouts?active=true", "http://x/v1/deployments/chat-prod/rollouts"]
+    result = invoke(handler, "--json", "rollout", "list", "chat-prod")
+    assert [r["id"] for r in json.loads(result.stdout)] == ["r-7f3a", "r-0001"]
+    result = invoke(handler, "--json", "rollout", "list", "other", "--active")
+    assert json.loads(result.stdout) == []  # the server's active ones, of that deployment only
+    assert seen == [
+        "http://x/v1/rollouts?active=true",
+        "http://x/v1/deployments/chat-prod/rollouts",
+        "http://x/v1/rollouts?active=true",
+    ]
 
 
 def test_watch_prints_a_json_line_per_change_and_ends_when_the_rollout_completes() -> None:
