@@ -280,6 +280,7 @@ def test_watch_gives_up_after_its_timeout_with_exit_5() -> None:
     assert result.exit_code == 5
     assert "still Progressing (step 2/3) after 5 s" in result.stderr
     assert clock.now == 5.0
+    assert "`weightship rollout status --watch chat-prod`" in result.stderr
 
 
 def test_start_with_watch_follows_the_new_rollout_by_its_id() -> None:
