@@ -276,10 +276,11 @@ class Client:
 
     def list_rollouts(self, deployment: str | None = None, *, active: bool = False) -> list[Rollout]:
         """Rollouts of ``deployment`` (newest first), or with ``active`` those in progress across deployments."""
-        if deployment is not None:
-            found = self._get(f"/v1/deployments/{segment(deployment)}/rollouts", RolloutList).rollouts
-            return [r for r in found if not r.completed] if active else found
-        return self._get("/v1/rollouts", RolloutList, active="true" if active else "false").rollouts
+        if deployment is not None and not active:
+            return self._get(f"/v1/deployments/{segment(deployment)}/rollouts", RolloutList).rollouts
+        # "active" is the server's judgement (an aborted rollout stays active until traffic is back on stable)
+        found = self._get("/v1/rollouts", RolloutList, active="true" if active else "false").rollouts
+        return [r for r in found if deployment is None or r.deployment == deployment]
 
     def get_rollout(self, deployment: str, rollout_id: str = "current") -> Rollout:
         """One rollout of ``deployment``; ``current`` is its active rollout, else its latest."""

@@ -237,6 +237,12 @@ class KubeRollouts:
                 )
             if status.get("handledVerb") == value:
                 result = str(status.get("verbResult") or "")
+                if not result:  # the operator saw it before the rollout had a status: nothing to apply it to
+                    raise ConflictError(
+                        f"{what} did not apply {verb}: the rollout had not started yet; run the command again once "
+                        f"`weightship rollout status {name} --kube --namespace {self.namespace}` shows a phase",
+                        code="rollout-verb",
+                    )
                 if result != verb_done(value):
                     raise ConflictError(f"{what} refused {verb}: {result}", code="rollout-verb")
                 return self.get(name)

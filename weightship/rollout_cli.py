@@ -281,7 +281,7 @@ def _watch(run: Run, rollouts: _Rollouts, interval: float, timeout: float) -> No
                 raise TemporaryError(
                     f"rollout {current.id} of {current.deployment} is still {current.phase} "
                     f"(step {current.step_index + 1}/{current.steps_total}) after {timeout:g} s; "
-                    f"it goes on without you: follow it again with {rollouts.hint('status')} --watch"
+                    f"it goes on without you: follow it again with {rollouts.hint('status --watch')}"
                 )
             run.seams.sleep(interval)
 

@@ -236,9 +236,15 @@ def test_list_across_deployments_or_of_one() -> None:
     assert result.exit_code == 0, result.stderr
     assert "r-7f3a" in result.stdout
     assert "r-0001" in result.stdout
-    result = invoke(handler, "--json", "rollout", "list", "chat-prod", "--active")
-    assert [r["id"] for r in json.loads(result.stdout)] == ["r-7f3a"]  # the completed one is not active
-    assert seen == ["http://x/v1/rollouts?active=true", "http://x/v1/deployments/chat-prod/rollouts"]
+    result = invoke(handler, "--json", "rollout", "list", "chat-prod")
+    assert [r["id"] for r in json.loads(result.stdout)] == ["r-7f3a", "r-0001"]
+    result = invoke(handler, "--json", "rollout", "list", "other", "--active")
+    assert json.loads(result.stdout) == []  # the server's active ones, of that deployment only
+    assert seen == [
+        "http://x/v1/rollouts?active=true",
+        "http://x/v1/deployments/chat-prod/rollouts",
+        "http://x/v1/rollouts?active=true",
+    ]
 
 
 def test_watch_prints_a_json_line_per_change_and_ends_when_the_rollout_completes() -> None:
@@ -274,6 +280,7 @@ def test_watch_gives_up_after_its_timeout_with_exit_5() -> None:
     assert result.exit_code == 5
     assert "still Progressing (step 2/3) after 5 s" in result.stderr
     assert clock.now == 5.0
+    assert "`weightship rollout status --watch chat-prod`" in result.stderr
 
 
 def test_start_with_watch_follows_the_new_rollout_by_its_id() -> None:
@@ -309,3 +316,15 @@ def test_rollout_id_with_kube_is_refused() -> None:
     result = invoke(lambda r: pytest.fail("no request"), "rollout", "status", "chat", "-n", "m", "--rollout", "r-1")
     assert result.exit_code == 1
     assert "--rollout names a fleet rollout" in result.stderr
+
+
+def test_watch_on_a_terminal_redraws_one_live_view() -> None:
+    states = [rollout(), rollout(step_index=2, weight=50.0), rollout(step_index=3, phase="Healthy", completed=True)]
+    clock = FakeClock()
+    seams = CliSeams(transport=httpx.MockTransport(lambda r: answer(states.pop(0))), sleep=clock.sleep, clock=clock)
+    env = {"COLUMNS": "120", "FORCE_COLOR": "1"}  # rich treats the output as a terminal
+    result = CliRunner().invoke(app, ["rollout", "status", "chat-prod", "--watch"], obj=seams, env=env)
+    assert result.exit_code == 0, result.stderr
+    assert "\x1b[?25l" in result.stdout  # the cursor hidden while the view redraws in place
+    assert "Healthy" in result.stdout
+    assert not states
