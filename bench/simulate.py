@@ -348,6 +348,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "chunk": "1GiB",
         "asks": 16,
         "order": "random",
+        "read_ahead": 1,
         "nic": 25e9,
         "origin": 100e9,
         "cache": 100e9,
@@ -360,6 +361,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "asks": 64,
         "order": "rarest",
         "concurrency": 8,
+        "read_ahead": 4,
         "nic": 100e6,
         "origin": 100e6,
         "cache": 100e6,
@@ -391,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         "--retry-after", type=float, default=TrackerSettings().retry_after, help="seconds a node told to wait waits"
     )
     parser.add_argument(
-        "--read-ahead", type=int, default=1, help="chunks each cluster cache pulls ahead at once (0: only on request)"
+        "--read-ahead", type=int, help="chunks each cluster cache pulls ahead at once (0: only on request; the agent's "
+        "default, 4, for fanout; 1 for plan)"
     )
     parser.add_argument(
         "--order",
