@@ -173,7 +173,11 @@ def controlplane(
 
 
 class Operators:
-    """Real kopf operators against kmock, started and stopped by tests."""
+    """Real kopf operators against kmock, started and stopped by tests.
+
+    One at a time: a kopf operator that stops cancels the tasks started in its loop after it began,
+    a second in-process operator's included. Several replicas are ``operator_processes``.
+    """
 
     def __init__(self, server: VersionedEmulator, cp_url: str, token: str) -> None:
         self.server = server
