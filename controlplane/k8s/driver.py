@@ -31,7 +31,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controlplane.k8s.kube import Body, KubeApi
-from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE, build_replicaset, replicaset_name, split_replicas
+from controlplane.k8s.replicasets import (
+    DEFAULT_WAIT_IMAGE,
+    AgentPaths,
+    build_replicaset,
+    replicaset_name,
+    split_replicas,
+)
 from controlplane.k8s.rollout import (
     ANNOTATION_DIGEST,
     ANNOTATION_VERB,
@@ -80,6 +86,7 @@ class RolloutDriver:
         *,
         post_event: EventSink,
         wait_image: str = DEFAULT_WAIT_IMAGE,
+        agent_paths: AgentPaths = AgentPaths(),
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self.kube = kube
@@ -87,6 +94,7 @@ class RolloutDriver:
         self.providers = providers
         self.post_event = post_event
         self.wait_image = wait_image
+        self.agent_paths = agent_paths
         self.clock = clock
 
     async def reconcile(self, namespace: str, name: str) -> None:
@@ -237,7 +245,7 @@ class RolloutDriver:
             if current is None:
                 body = build_replicaset(
                     rollout=name, namespace=namespace, uid=meta.get("uid"), spec=spec, digest=digest,
-                    role=role, replicas=replicas, wait_image=self.wait_image,
+                    role=role, replicas=replicas, wait_image=self.wait_image, paths=self.agent_paths,
                 )  # fmt: skip
                 try:
                     replicasets[rs_name] = await self.kube.create_replicaset(namespace, body)
