@@ -9,7 +9,10 @@ Mapping of the engine's actions:
 
 - ``SetPointer(stable, canary, share)`` → the stable ReplicaSet and the canary ReplicaSet (created
   from the pod template if missing) are scaled to :func:`split_replicas` and labelled with their
-  role; the traffic router, if any, follows; ``status.pointer`` gets the next epoch. On promotion
+  role; the traffic router, if any, follows (``services``: the stable and canary Services select
+  their version's pods, weights stay replica shares; ``httpRoute``: the same selectors, and the
+  route's backend weights carry the share while the stable ReplicaSet stays at full size);
+  ``status.pointer`` gets the next epoch. On promotion
   the canary ReplicaSet is *relabelled* stable (its pods keep running) and the old stable one
   becomes ``previous``, still scaled, until ``rollbackWindowSeconds`` pass. An aborted canary is
   ``retired``: scaled to 0 at once (after ``scaleDownDelaySeconds`` when a router moved its
@@ -235,7 +238,8 @@ class RolloutDriver:
     ) -> None:
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        stable_n, canary_n = split_replicas(action.canary_share, spec.replicas, routed=spec.traffic is not None)
+        weighted = spec.traffic is not None and spec.traffic.http_route is not None
+        stable_n, canary_n = split_replicas(action.canary_share, spec.replicas, routed=weighted)
         wanted = {action.stable: ("stable", stable_n)}
         if action.canary is not None:
             wanted[action.canary] = ("canary", canary_n)
@@ -278,11 +282,10 @@ class RolloutDriver:
         if traffic is None:
             return
         canary = action.canary or action.stable
+        # Both modes pin each Service to one version's pods; an HTTPRoute then weighs the two Services.
+        for service, digest in ((traffic.stable_service, action.stable), (traffic.canary_service, canary)):
+            await self.kube.patch_service(namespace, service, {"spec": {"selector": {LABEL_DIGEST: digest_label(digest)}}})
         if traffic.http_route is None:
-            for service, digest in ((traffic.stable_service, action.stable), (traffic.canary_service, canary)):
-                await self.kube.patch_service(
-                    namespace, service, {"spec": {"selector": {LABEL_DIGEST: digest_label(digest)}}}
-                )
             return
         route = await self.kube.get_http_route(namespace, traffic.http_route)
         weight = round(action.canary_share * 100) if action.canary else 0

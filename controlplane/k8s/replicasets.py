@@ -11,10 +11,11 @@ the same paths as on the node (:class:`AgentPaths`; the template's own mounts at
 Which role a ReplicaSet plays (stable, canary, previous, retired) is a
 label on the ReplicaSet object only: changing it (promotion) touches no pod.
 
-A canary share becomes replicas with :func:`split_replicas`: without a traffic router, traffic
-follows pods, so the canary gets ``ceil(share × replicas)`` and the stable ReplicaSet the rest
-(Argo Rollouts' replica-based weights). With a router, the stable ReplicaSet stays at full size and
-the router moves the traffic.
+A canary share becomes replicas with :func:`split_replicas`: unless a router weighs traffic,
+traffic follows pods, so the canary gets ``ceil(share × replicas)`` and the stable ReplicaSet the
+rest (Argo Rollouts' replica-based weights; Service selectors alone only split which pods each
+Service reaches). With a weighing router (an HTTPRoute), the stable ReplicaSet stays at full size
+and the router moves the traffic.
 """
 
 from __future__ import annotations

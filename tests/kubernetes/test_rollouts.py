@@ -111,12 +111,12 @@ async def deployed(server: VersionedEmulator, digest: str) -> None:
 
 
 async def paused_canary(
-    server: VersionedEmulator, digests: dict[str, str], steps: list[Any] | None = None
+    server: VersionedEmulator, digests: dict[str, str], steps: list[Any] | None = None, **extra: Any
 ) -> dict[str, dict[str, Any]]:
     """v1 deployed, then v2 rolled out up to its first indefinite pause; returns the ReplicaSets then."""
-    await apply(server, rollout("v1", []))
+    await apply(server, rollout("v1", [], **extra))
     await deployed(server, digests["v1"])
-    await apply(server, rollout("v2", steps or [{"setWeight": 25}, {"pause": {}}]))
+    await apply(server, rollout("v2", steps or [{"setWeight": 25}, {"pause": {}}], **extra))
     await eventually_async(lambda: status(server).get("phase") == "Paused", WAIT, "the indefinite pause")
     return replicasets(server)
 
