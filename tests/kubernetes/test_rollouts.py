@@ -219,3 +219,33 @@ async def test_abort_returns_traffic_to_stable_and_retry_starts_a_new_attempt(
     )
     assert sets[digests["v2"]]["role"] == "canary"
     assert sets[digests["v1"]] | {"name": ""} == {"role": "stable", "replicas": 3, "name": ""}
+
+
+async def test_a_rollback_inside_the_window_reuses_the_previous_replicaset_and_after_it_the_pods_go(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
+) -> None:
+    _, digests = controlplane
+    operators.start("op-a")
+    window = {"rollbackWindowSeconds": 600, "scaleDownDelaySeconds": 0}
+    await apply(kmock_server, rollout("v1", [], **window))
+    await deployed(kmock_server, digests["v1"])
+    await apply(kmock_server, rollout("v2", [], **window))
+    await deployed(kmock_server, digests["v2"])
+    before = await eventually_async(
+        lambda: (r := replicasets(kmock_server))[digests["v2"]]["replicas"] == 4 and r, WAIT, "v2 at full size"
+    )
+    assert before[digests["v1"]] | {"name": ""} == {"role": "previous", "replicas": 4, "name": ""}
+
+    # Back to v1 inside the window: its ReplicaSet, pods still running, becomes stable again.
+    await apply(kmock_server, rollout("v1", [], **window))
+    await deployed(kmock_server, digests["v1"])
+    sets = replicasets(kmock_server)
+    assert sets[digests["v1"]] == {**before[digests["v1"]], "role": "stable"}  # same object, same 4 pods
+    created = [r for r in kmock_server if r.method.name == "POST" and r.url.path.endswith("/replicasets")]
+    assert len(created) == 2  # nothing was built again
+
+    # A window of 1 s: once it passed, the previous version's pods are scaled away and the ReplicaSet deleted.
+    await apply(kmock_server, rollout("v2", [], rollbackWindowSeconds=1, scaleDownDelaySeconds=0))
+    await deployed(kmock_server, digests["v2"])
+    await eventually_async(lambda: digests["v1"] not in replicasets(kmock_server), WAIT, "v1's ReplicaSet to go")
+    assert replicasets(kmock_server)[digests["v2"]]["replicas"] == 4
