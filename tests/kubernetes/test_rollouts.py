@@ -165,6 +165,23 @@ async def test_unknown_version_is_refused_with_a_status_condition_and_no_replica
     await eventually_async(lambda: "UnknownVersion" in event_reasons(kmock_server), WAIT, "a Warning event")
 
 
+async def test_a_spec_the_crd_schema_lets_through_but_the_engine_refuses_gets_a_spec_valid_false_condition(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], webhook: Webhook
+) -> None:
+    broken = analysis(webhook.url)
+    broken["analysis"]["metrics"][0]["successCondition"] = "result <"  # a string to the schema; no expression
+    operators.start("op-a")
+    await apply(kmock_server, rollout("v2", [{"setWeight": 10}, broken]))
+    current = await eventually_async(
+        lambda: (s := status(kmock_server)).get("phase") == "Invalid" and s, WAIT, "the refusal"
+    )
+    conditions = {c["type"]: c for c in current["conditions"]}
+    assert (conditions["SpecValid"]["status"], conditions["SpecValid"]["reason"]) == ("False", "InvalidSpec")
+    assert "successCondition: 'result <' is not a valid expression" in current["message"]
+    assert replicasets(kmock_server) == {}
+    assert webhook.calls == []
+
+
 async def test_promote_full_relabels_the_canary_stable_and_keeps_the_previous_scaled(
     kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
 ) -> None:
