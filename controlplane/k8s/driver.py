@@ -9,7 +9,10 @@ Mapping of the engine's actions:
 
 - ``SetPointer(stable, canary, share)`` → the stable ReplicaSet and the canary ReplicaSet (created
   from the pod template if missing) are scaled to :func:`split_replicas` and labelled with their
-  role; the traffic router, if any, follows; ``status.pointer`` gets the next epoch. On promotion
+  role; the traffic router, if any, follows (``services``: the stable and canary Services select
+  their version's pods, weights stay replica shares; ``httpRoute``: the same selectors, and the
+  route's backend weights carry the share while the stable ReplicaSet stays at full size);
+  ``status.pointer`` gets the next epoch. On promotion
   the canary ReplicaSet is *relabelled* stable (its pods keep running) and the old stable one
   becomes ``previous``, still scaled, until ``rollbackWindowSeconds`` pass. An aborted canary is
   ``retired``: scaled to 0 at once (after ``scaleDownDelaySeconds`` when a router moved its
@@ -31,7 +34,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controlplane.k8s.kube import Body, KubeApi
-from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE, build_replicaset, replicaset_name, split_replicas
+from controlplane.k8s.replicasets import (
+    DEFAULT_WAIT_IMAGE,
+    AgentPaths,
+    build_replicaset,
+    replicaset_name,
+    split_replicas,
+)
 from controlplane.k8s.rollout import (
     ANNOTATION_DIGEST,
     ANNOTATION_VERB,
@@ -81,6 +90,7 @@ class RolloutDriver:
         *,
         post_event: EventSink,
         wait_image: str = DEFAULT_WAIT_IMAGE,
+        agent_paths: AgentPaths = AgentPaths(),
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self.kube = kube
@@ -88,6 +98,7 @@ class RolloutDriver:
         self.providers = providers
         self.post_event = post_event
         self.wait_image = wait_image
+        self.agent_paths = agent_paths
         self.clock = clock
 
     async def reconcile(self, namespace: str, name: str) -> None:
@@ -228,7 +239,8 @@ class RolloutDriver:
     ) -> None:
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        stable_n, canary_n = split_replicas(action.canary_share, spec.replicas, routed=spec.traffic is not None)
+        weighted = spec.traffic is not None and spec.traffic.http_route is not None
+        stable_n, canary_n = split_replicas(action.canary_share, spec.replicas, routed=weighted)
         wanted = {action.stable: ("stable", stable_n)}
         if action.canary is not None:
             wanted[action.canary] = ("canary", canary_n)
@@ -238,7 +250,7 @@ class RolloutDriver:
             if current is None:
                 body = build_replicaset(
                     rollout=name, namespace=namespace, uid=meta.get("uid"), spec=spec, digest=digest,
-                    role=role, replicas=replicas, wait_image=self.wait_image,
+                    role=role, replicas=replicas, wait_image=self.wait_image, paths=self.agent_paths,
                 )  # fmt: skip
                 try:
                     replicasets[rs_name] = await self.kube.create_replicaset(namespace, body)
@@ -271,11 +283,10 @@ class RolloutDriver:
         if traffic is None:
             return
         canary = action.canary or action.stable
+        # Both modes pin each Service to one version's pods; an HTTPRoute then weighs the two Services.
+        for service, digest in ((traffic.stable_service, action.stable), (traffic.canary_service, canary)):
+            await self.kube.patch_service(namespace, service, {"spec": {"selector": {LABEL_DIGEST: digest_label(digest)}}})
         if traffic.http_route is None:
-            for service, digest in ((traffic.stable_service, action.stable), (traffic.canary_service, canary)):
-                await self.kube.patch_service(
-                    namespace, service, {"spec": {"selector": {LABEL_DIGEST: digest_label(digest)}}}
-                )
             return
         route = await self.kube.get_http_route(namespace, traffic.http_route)
         weight = round(action.canary_share * 100) if action.canary else 0

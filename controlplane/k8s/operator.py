@@ -26,7 +26,7 @@ import kopf
 from controlplane.k8s.driver import RolloutDriver
 from controlplane.k8s.kube import Body, KubeApi, connect
 from controlplane.k8s.leader import LeaderElector
-from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE
+from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE, AgentPaths
 from controlplane.k8s.rollout import GROUP, PLURAL, VERSION
 from controlplane.k8s.versions import ControlPlane
 from controlplane.rollouts.providers import ProviderRegistry
@@ -53,6 +53,7 @@ class OperatorConfig:
     lease_seconds: float = 15.0
     interval: float = 2.0
     wait_image: str = DEFAULT_WAIT_IMAGE
+    agent_paths: AgentPaths = field(default_factory=AgentPaths)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> OperatorConfig:
@@ -71,6 +72,10 @@ class OperatorConfig:
             lease_seconds=float(env.get("WEIGHTSHIP_OPERATOR_LEASE_SECONDS") or defaults.lease_seconds),
             interval=float(env.get("WEIGHTSHIP_OPERATOR_INTERVAL") or defaults.interval),
             wait_image=env.get("WEIGHTSHIP_OPERATOR_WAIT_IMAGE") or defaults.wait_image,
+            agent_paths=AgentPaths(
+                data_dir=env.get("WEIGHTSHIP_AGENT_HOST_DATA_DIR") or defaults.agent_paths.data_dir,
+                socket_dir=env.get("WEIGHTSHIP_AGENT_SOCKET_DIR") or defaults.agent_paths.socket_dir,
+            ),
         )
 
 
@@ -109,7 +114,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
         runtime.providers = ProviderRegistry.default()
         runtime.driver = RolloutDriver(
             runtime.kube, ControlPlane(runtime.client), runtime.providers,
-            post_event=_post_event, wait_image=config.wait_image,
+            post_event=_post_event, wait_image=config.wait_image, agent_paths=config.agent_paths,
         )  # fmt: skip
         runtime.elector = LeaderElector(
             runtime.kube, config.lease_namespace, config.lease_name, config.identity, lease_seconds=config.lease_seconds

@@ -5,13 +5,17 @@ Its pods carry ``weightship.io/rollout`` and ``weightship.io/digest`` labels (th
 full digest in the ``weightship.io/digest`` annotation and in ``WEIGHTSHIP_DIGEST`` in every
 container, and an init container (``python -m controlplane.k8s.waiter``) that holds the pod until
 the node's agent reports that version verified on disk, so a model server never starts on bytes
-that are not there yet. Which role a ReplicaSet plays (stable, canary, previous, retired) is a
+that are not there yet. The init container asks the agent over its socket, and every model-server
+container gets the node's ``versions/`` directory (read-only) and the socket directory mounted at
+the same paths as on the node (:class:`AgentPaths`; the template's own mounts at those paths win).
+Which role a ReplicaSet plays (stable, canary, previous, retired) is a
 label on the ReplicaSet object only: changing it (promotion) touches no pod.
 
-A canary share becomes replicas with :func:`split_replicas`: without a traffic router, traffic
-follows pods, so the canary gets ``ceil(share × replicas)`` and the stable ReplicaSet the rest
-(Argo Rollouts' replica-based weights). With a router, the stable ReplicaSet stays at full size and
-the router moves the traffic.
+A canary share becomes replicas with :func:`split_replicas`: unless a router weighs traffic,
+traffic follows pods, so the canary gets ``ceil(share × replicas)`` and the stable ReplicaSet the
+rest (Argo Rollouts' replica-based weights; Service selectors alone only split which pods each
+Service reaches). With a weighing router (an HTTPRoute), the stable ReplicaSet stays at full size
+and the router moves the traffic.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from controlplane.k8s.rollout import (
@@ -30,9 +35,40 @@ from controlplane.k8s.rollout import (
     digest_label,
 )
 
-__all__ = ["DEFAULT_WAIT_IMAGE", "build_replicaset", "replicaset_name", "split_replicas"]
+__all__ = ["DEFAULT_WAIT_IMAGE", "AgentPaths", "build_replicaset", "replicaset_name", "split_replicas"]
 
 DEFAULT_WAIT_IMAGE = "weightship:latest"
+VOLUME_VERSIONS = "weightship-versions"
+VOLUME_SOCKET = "weightship-agent-socket"
+
+
+@dataclass(frozen=True)
+class AgentPaths:
+    """Where the node's agent keeps versions and its socket (the chart's ``agent.hostDataDir``/``socketDir``).
+
+    Pods mount both at the same paths as on the node, because the agent hands out paths under
+    ``<data_dir>/versions``; only ``versions/`` is mounted (read-only), never ``state/``.
+    """
+
+    data_dir: str = "/var/lib/weightship"
+    socket_dir: str = "/run/weightship"
+
+    @property
+    def versions(self) -> str:
+        """The host directory holding verified versions."""
+        return f"{self.data_dir.rstrip('/')}/versions"
+
+    @property
+    def socket(self) -> str:
+        """The agent's local API socket."""
+        return f"{self.socket_dir.rstrip('/')}/agent.sock"
+
+
+def _mount(container: dict[str, Any], path: str, volume: str, *, read_only: bool) -> None:
+    """Mount ``volume`` at ``path`` unless the template mounts something there already (its choice wins)."""
+    mounts = container.setdefault("volumeMounts", [])
+    if not any(m.get("mountPath") == path for m in mounts):
+        mounts.append({"name": volume, "mountPath": path, "readOnly": read_only})
 
 
 def replicaset_name(rollout: str, digest: str) -> str:
@@ -58,6 +94,7 @@ def build_replicaset(
     role: str,
     replicas: int,
     wait_image: str = DEFAULT_WAIT_IMAGE,
+    paths: AgentPaths = AgentPaths(),
 ) -> dict[str, Any]:
     """The ReplicaSet of ``digest`` for ``rollout``, owned by the ModelRollout (garbage-collected with it)."""
     selector = {LABEL_ROLLOUT: rollout, LABEL_DIGEST: digest_label(digest)}
@@ -73,18 +110,30 @@ def build_replicaset(
             e for e in container.get("env") or [] if e.get("name") not in ("WEIGHTSHIP_DIGEST", "WEIGHTSHIP_DEPLOYMENT")
         ]
         container["env"] = [*kept, digest_env, deployment_env]
-    waiter = {
+        _mount(container, paths.versions, VOLUME_VERSIONS, read_only=True)
+        _mount(container, paths.socket_dir, VOLUME_SOCKET, read_only=False)
+    if spec.agent_port is None:
+        agent_env: list[dict[str, Any]] = [{"name": "WEIGHTSHIP_AGENT_URL", "value": f"unix:{paths.socket}"}]
+    else:  # an agent whose local API listens on the node's network instead of the socket
+        agent_env = [
+            {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+            {"name": "WEIGHTSHIP_AGENT_URL", "value": f"http://$(HOST_IP):{spec.agent_port}"},
+        ]
+    waiter: dict[str, Any] = {
         "name": "weightship-wait-for-version",
         "image": spec.agent_image or wait_image,
         "command": ["python", "-m", "controlplane.k8s.waiter"],
-        "env": [
-            digest_env,
-            {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-            {"name": "WEIGHTSHIP_AGENT_URL", "value": f"http://$(HOST_IP):{spec.agent_port}"},
-        ],
+        "env": [digest_env, *agent_env],
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
     }
+    _mount(waiter, paths.socket_dir, VOLUME_SOCKET, read_only=False)
     pod["initContainers"] = [waiter, *(c for c in pod.get("initContainers") or [] if c.get("name") != waiter["name"])]
+    own = {VOLUME_VERSIONS: paths.versions, VOLUME_SOCKET: paths.socket_dir}
+    volumes = [v for v in pod.get("volumes") or [] if v.get("name") not in own]
+    pod["volumes"] = [
+        *volumes,
+        *({"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}} for name, path in own.items()),
+    ]
     owner: list[Mapping[str, Any]] = []
     if uid:
         owner = [

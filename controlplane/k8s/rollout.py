@@ -82,7 +82,7 @@ class ModelRolloutSpec:
     progress_deadline_seconds: int | None = None
     rollback_window_seconds: int = 600
     scale_down_delay_seconds: int = 30
-    agent_port: int = 7070
+    agent_port: int | None = None
     agent_image: str | None = None
     traffic: TrafficRouting | None = None
 
@@ -138,7 +138,7 @@ def parse_rollout(spec: object) -> ModelRolloutSpec:
         progress_deadline_seconds=None if deadline is None else _int(spec, "progressDeadlineSeconds", None, 1),
         rollback_window_seconds=_int(spec, "rollbackWindowSeconds", 600, 0),
         scale_down_delay_seconds=_int(spec, "scaleDownDelaySeconds", 30, 0),
-        agent_port=int(agent.get("port", 7070)),
+        agent_port=None if agent.get("port") is None else int(agent["port"]),
         agent_image=agent.get("image"),
         traffic=traffic,
     )

@@ -129,21 +129,23 @@ class RolloutStatus:
                 f"rollout status: schema {data.get('schema')!r} is not {STATUS_SCHEMA}; it was written by another release"
             )
         try:
+            # Nullable fields may be absent: a JSON merge patch (RFC 7386, how a Kubernetes status is
+            # written) stores a null by deleting the key, so absent and null mean the same here.
             return cls(
                 revision=str(data["revision"]),
-                version=data["version"],
-                stable=data["stable"],
+                version=data.get("version"),
+                stable=data.get("stable"),
                 attempt=int(data["attempt"]),
                 step_index=int(data["stepIndex"]),
-                step_entered_at=_time_in(data["stepEnteredAt"]),
-                deadline_at=_time_in(data["deadlineAt"]),
+                step_entered_at=_time_in(data.get("stepEnteredAt")),
+                deadline_at=_time_in(data.get("deadlineAt")),
                 pause_conditions=tuple(
                     PauseCondition(str(p["reason"]), _required_time(p["startedAt"])) for p in data["pauseConditions"]
                 ),
                 paused=bool(data["paused"]),
-                paused_at=_time_in(data["pausedAt"]),
+                paused_at=_time_in(data.get("pausedAt")),
                 abort=bool(data["abort"]),
-                aborted_at=_time_in(data["abortedAt"]),
+                aborted_at=_time_in(data.get("abortedAt")),
                 abort_reason=str(data["abortReason"]),
                 promote_full=bool(data["promoteFull"]),
                 promote_reason=str(data["promoteReason"]),
@@ -225,7 +227,7 @@ def _run_in(data: Mapping[str, Any]) -> AnalysisRun:
                     int(x["index"]),
                     MeasurementPhase(x["phase"]),
                     _required_time(x["takenAt"]),
-                    x["value"],
+                    x.get("value"),
                     str(x["message"]),
                 )
                 for x in m["measurements"]

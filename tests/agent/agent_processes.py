@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ import httpx
 
 from weightship.schemas import LocalDeployment, NodeHeartbeat
 from weightship.testing import eventually_async as eventually
+from weightship.testing import kill9, terminate
 
 __all__ = ["POLL", "REPO", "AgentProcess", "Spawn", "eventually"]
 
@@ -105,18 +105,11 @@ class AgentProcess:
     def kill9(self) -> None:
         """SIGKILL: no clean-up of any kind."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        kill9(self.proc)
 
     def stop(self) -> None:
         """SIGTERM and wait."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
 
     async def close(self) -> None:
         """Stop the process and the HTTP client."""

@@ -10,6 +10,8 @@
   v3 seeded) and deployment ``chat-prod``; ``operator_token`` a real operator token.
 - ``operators`` — starts real kopf operators (``controlplane.k8s.operator``) against kmock, each
   with its own identity; stops them all at the end.
+- ``operator_processes`` — real ``python -m controlplane.k8s`` processes against kmock, for what
+  only a separate process shows (``kill -9`` mid-rollout, then a fresh process).
 - ``webhook`` — a real HTTP analysis hook whose answers a test sets.
 """
 
@@ -18,8 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,9 @@ from tests.controlplane.conftest import (  # noqa: F401  # fixtures re-exported 
     role_headers,
     seed_versions,
 )
+from weightship.testing import kill9, terminate
 
+REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = Path(__file__).parents[2] / "deploy" / "helm" / "weightship" / "crds" / "modelrollout.yaml"
 ROLLOUTS = "weightship.io/v1alpha1/modelrollouts"
 REPLICASETS = "apps/v1/replicasets"
@@ -166,7 +173,11 @@ def controlplane(
 
 
 class Operators:
-    """Real kopf operators against kmock, started and stopped by tests."""
+    """Real kopf operators against kmock, started and stopped by tests.
+
+    One at a time: a kopf operator that stops cancels the tasks started in its loop after it began,
+    a second in-process operator's included. Several replicas are ``operator_processes``.
+    """
 
     def __init__(self, server: VersionedEmulator, cp_url: str, token: str) -> None:
         self.server = server
@@ -207,6 +218,63 @@ async def operators(
     yield ops
     for identity in list(ops.running):
         await ops.stop(identity)
+
+
+class OperatorProcess:
+    """One real operator process (``python -m controlplane.k8s``), configured as the chart does: by environment."""
+
+    def __init__(self, server: VersionedEmulator, cp_url: str, token: str, identity: str, log_path: Path) -> None:
+        self.identity = identity
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "WEIGHTSHIP_URL": cp_url,
+            "WEIGHTSHIP_TOKEN": token,
+            "WEIGHTSHIP_OPERATOR_KUBE_SERVER": str(server.url).rstrip("/"),
+            "WEIGHTSHIP_OPERATOR_IDENTITY": identity,
+            "WEIGHTSHIP_OPERATOR_LEASE_NAMESPACE": NAMESPACE,
+            "WEIGHTSHIP_OPERATOR_LEASE_SECONDS": "1.5",
+            "WEIGHTSHIP_OPERATOR_INTERVAL": "0.2",
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Launch it; its output goes to ``log_path``."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "controlplane.k8s"], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def kill9(self) -> None:
+        """SIGKILL: no clean-up, no lease released, whatever was in flight is lost."""
+        assert self.proc is not None
+        kill9(self.proc)
+
+    def stop(self) -> None:
+        """SIGTERM and wait (SIGKILL after 10 s)."""
+        terminate(self.proc)
+
+    def log(self) -> str:
+        """What the process printed so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def operator_processes(
+    kmock_server: VersionedEmulator, controlplane: tuple[str, dict[str, str]], operator_token: str, tmp_path: Path
+) -> Iterator[Callable[[str], OperatorProcess]]:
+    """``spawn(identity)`` starts an operator process; all are stopped at the end."""
+    spawned: list[OperatorProcess] = []
+
+    def spawn(identity: str) -> OperatorProcess:
+        process = OperatorProcess(kmock_server, controlplane[0], operator_token, identity, tmp_path / f"{identity}.log")
+        process.start()
+        spawned.append(process)
+        return process
+
+    yield spawn
+    for process in spawned:
+        process.stop()
 
 
 class Webhook:
