@@ -5,7 +5,8 @@
   failure that names what was awaited (never a fixed sleep);
 - ``Origin``: a blob origin with HTTP range requests, recording what it served;
 - ``FaultProxy``: a proxy in front of the control plane's blob route that corrupts, delays or
-  holds the answers a test selects (a misbehaving network, CDN or cache).
+  holds the answers a test selects (a misbehaving network, CDN or cache);
+- ``problem``: the RFC 9457 problem details of an error answer, checked for every member.
 
 Nothing here imitates weightship's own components: tests run the real control plane and agent.
 """
@@ -13,6 +14,7 @@ Nothing here imitates weightship's own components: tests run the real control pl
 from __future__ import annotations
 
 from weightship.testing.origins import TEST_CHUNK, FaultProxy, Origin, Served
+from weightship.testing.problems import problem
 from weightship.testing.waiting import NOT_YET, eventually, eventually_async, free_port, wait_for_port
 
 __all__ = [
@@ -24,5 +26,6 @@ __all__ = [
     "eventually",
     "eventually_async",
     "free_port",
+    "problem",
     "wait_for_port",
 ]
