@@ -172,32 +172,48 @@ class Fetcher:
         warn: Trouble,
         failures: list[WeightshipError],
     ) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            view = memoryview(buf)[: job.length]
-            if source is not None:
-                try:
-                    await loop.run_in_executor(self.executor, _read_local, source, view)
-                    await loop.run_in_executor(self.executor, staging.place, job, view)
-                    self.counters.add(bytes_copied_locally=job.bytes_placed)
-                    self.counters.sources.delivered("local", job.length)
-                    if self.sources is not None:
-                        self.sources.verified(staging.manifest, [job.digest])
-                    report(job.bytes_placed)
-                    return
-                except (OSError, IntegrityError) as exc:
-                    event(log, "fetch.local_copy_failed", logging.WARNING, chunk=job.digest, error=str(exc))
-            try:
-                await self._download(staging, job, view, warn)
-            except DiskFullError:
-                raise
-            except WeightshipError as exc:
-                failures.append(exc)
-                return
-            self.counters.add(bytes_copied_locally=job.bytes_placed - job.length)
-            report(job.bytes_placed)
+            await self._fill(staging, job, source, buf, report, warn, failures)
         finally:
             buffers.put(buf)
+        if staging.unsynced:
+            # A file's last chunk landed: flush it now, with the buffer already back in the pool.
+            await asyncio.get_running_loop().run_in_executor(self.executor, staging.sync_completed)
+
+    async def _fill(
+        self,
+        staging: Staging,
+        job: ChunkJob,
+        source: LocalChunk | None,
+        buf: mmap.mmap,
+        report: Callable[[int], None],
+        warn: Trouble,
+        failures: list[WeightshipError],
+    ) -> None:
+        """Place ``job`` through ``buf``: from a local copy when there is one, else downloaded."""
+        loop = asyncio.get_running_loop()
+        view = memoryview(buf)[: job.length]
+        if source is not None:
+            try:
+                await loop.run_in_executor(self.executor, _read_local, source, view)
+                await loop.run_in_executor(self.executor, staging.place, job, view)
+                self.counters.add(bytes_copied_locally=job.bytes_placed)
+                self.counters.sources.delivered("local", job.length)
+                if self.sources is not None:
+                    self.sources.verified(staging.manifest, [job.digest])
+                report(job.bytes_placed)
+                return
+            except (OSError, IntegrityError) as exc:
+                event(log, "fetch.local_copy_failed", logging.WARNING, chunk=job.digest, error=str(exc))
+        try:
+            await self._download(staging, job, view, warn)
+        except DiskFullError:
+            raise
+        except WeightshipError as exc:
+            failures.append(exc)
+            return
+        self.counters.add(bytes_copied_locally=job.bytes_placed - job.length)
+        report(job.bytes_placed)
 
     async def _from_sources(self, staging: Staging, job: ChunkJob, view: memoryview) -> bool:
         """Try peers and caches (``agent.sources``); True once the chunk is verified and placed.
@@ -355,6 +371,9 @@ def _first(group: BaseExceptionGroup[WeightshipError]) -> WeightshipError:
     return item
 
 
+_PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+
+
 class _Buffers:
     """Chunk buffers, made on first use and reused for the rest of one fetch.
 
@@ -369,7 +388,9 @@ class _Buffers:
 
     async def get(self) -> mmap.mmap:
         await self._slots.acquire()
-        return self._free.pop() if self._free else mmap.mmap(-1, self.size)
+        # Private, not shared (``mmap(-1, n)``'s default): plain anonymous memory is cheaper to fault in
+        # and to free than the shmem pages a shared anonymous map is made of.
+        return self._free.pop() if self._free else mmap.mmap(-1, self.size, flags=_PRIVATE)
 
     def put(self, buf: mmap.mmap) -> None:
         self._free.append(buf)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from agent.durable import start_writeback
 from agent.staging import Staging
 from agent.store import VersionStore
 from tests.agent.local_versions import CHUNK, fill, install, manifest_of, small_tmpfs
@@ -170,3 +172,47 @@ def test_a_real_enospc_while_writing_a_chunk_is_a_disk_full_error(
     (tiny_disk / "filler").write_bytes(bytes(stat.f_bavail * stat.f_frsize - 8192))
     with pytest.raises(DiskFullError, match="disk full while writing"):
         fill(staging, source)
+
+
+def test_a_completed_file_is_flushed_by_sync_completed_not_while_its_chunk_buffer_is_held(
+    tmp_path: Path, make_model: Callable[..., Path]
+) -> None:
+    """``place`` only marks a finished file; the fsync runs apart, after the caller freed its buffer."""
+    source = make_model("a", tensors_mb=0.5)
+    manifest = manifest_of(source)
+    staging = Staging(tmp_path, manifest)
+    staging.open()
+    fill(staging, source)
+    assert staging.unsynced == set(range(len(manifest.files)))  # every file complete, none flushed in place()
+    staging.sync_completed()
+    assert staging.unsynced == set()
+    staging.finish()
+    record = read_verification(staging.dir)
+    assert record is not None
+    assert record.digest == manifest.digest
+
+
+def test_finish_flushes_files_nobody_synced(tmp_path: Path, make_model: Callable[..., Path]) -> None:
+    """A caller that never runs ``sync_completed`` still gets durable files from ``finish``."""
+    source = make_model("a", tensors_mb=0.5)
+    manifest = manifest_of(source)
+    staging = Staging(tmp_path, manifest)
+    staging.open()
+    fill(staging, source)
+    staging.finish()
+    for entry in manifest.files:
+        assert (staging.dir / entry.path).read_bytes() == (source / entry.path).read_bytes()
+
+
+def test_writeback_starts_early_and_leaves_the_bytes_intact(tmp_path: Path) -> None:
+    path = tmp_path / "blob"
+    data = os.urandom(1 << 20)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, 0)
+        started = start_writeback(fd, 0, len(data))
+        assert started == sys.platform.startswith("linux")
+        assert not start_writeback(fd, 0, 0)  # nothing to write
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data
