@@ -4,59 +4,20 @@ A crash (kill -9, power loss) must leave either the old or the new state on disk
 new content is written to a temporary name in the same directory, fsynced, renamed over the old
 name, and the directory is fsynced so the rename itself survives. ``ENOSPC``/``EDQUOT`` become
 ``DiskFullError`` here, at the boundary, so callers catch ours and not ``OSError``.
-
-``start_writeback`` asks the kernel to start writing a range of a file now, without waiting: a
-version written chunk by chunk then drains to disk while the rest downloads, and the fsync that
-makes it durable finds little left to flush (``bench/fetch.py``: the fsync of 1 GiB fell from
-about 0.3 s to a few tens of ms). It is Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``,
-reached through ``ctypes`` because the ``os`` module does not wrap it; elsewhere it does nothing.
-It never replaces an fsync: it only starts early what the fsync would do.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import secrets
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
 
 from weightship.errors import DiskFullError
 
-__all__ = ["atomic_symlink", "atomic_write", "disk_full_as_ours", "fsync_dir", "is_disk_full", "start_writeback"]
-
-#: ``SYNC_FILE_RANGE_WRITE`` (linux/fs.h): start writeback of dirty pages in the range, do not wait
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return cast("Callable[[int, int, int, int], int]", function)
-
-
-_SYNC_RANGE = _sync_file_range()
-
-
-def start_writeback(fd: int, offset: int, length: int) -> bool:
-    """Start writing ``length`` bytes of ``fd`` from ``offset`` to disk without waiting; whether it could.
-
-    Best effort: a file system or platform without it leaves the work to the later fsync.
-    """
-    if _SYNC_RANGE is None or length <= 0:
-        return False
-    return int(_SYNC_RANGE(fd, offset, length, _SYNC_FILE_RANGE_WRITE)) == 0
+__all__ = ["atomic_symlink", "atomic_write", "disk_full_as_ours", "fsync_dir", "is_disk_full"]
 
 
 def is_disk_full(exc: OSError) -> bool:

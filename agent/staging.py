@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.durable import atomic_write, disk_full_as_ours, fsync_dir, start_writeback
+from agent.durable import atomic_write, disk_full_as_ours, fsync_dir
 from agent.store import LocalFile
 from agent.verifier import first_bad_chunk, read_matches, verify_chunk
 from weightship.digests import hex_of
@@ -287,10 +287,11 @@ class Staging:
     def place(self, job: ChunkJob, data: memoryview) -> None:
         """Verify ``data`` against ``job.digest``, then write it to every place and journal it.
 
-        Raises ``IntegrityError`` (nothing written) if the bytes do not match. Writeback of each
-        place starts at once (``start_writeback``); a file whose last chunk this was waits in
-        ``unsynced`` for ``sync_completed``, which the caller runs once it gave ``data``'s buffer
-        back, so no chunk buffer sits idle through an fsync.
+        Raises ``IntegrityError`` (nothing written) if the bytes do not match. A file whose last
+        chunk this was waits in ``unsynced`` for ``sync_completed``, which the caller runs once it
+        gave ``data``'s buffer back, so no chunk buffer sits idle through an fsync. (Starting
+        writeback per chunk with ``sync_file_range`` was tried and dropped: on a busy disk it blocks
+        the writing thread, and with it the chunk's buffer, and fetches got slower.)
         """
         entry = self.manifest.files[job.placements[0].file]
         verify_chunk(data, job.digest, f"chunk {job.placements[0].chunk} of {entry.path} in {self.manifest.digest}")
@@ -299,7 +300,6 @@ class Staging:
                 done = 0
                 while done < job.length:
                     done += os.pwrite(self._fds[p.file], data[done : job.length], p.offset + done)
-                start_writeback(self._fds[p.file], p.offset, job.length)
             with self._lock:
                 self._journal("".join(f"c {p.file} {p.chunk}\n" for p in job.placements))
                 self.done.update((p.file, p.chunk) for p in job.placements)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from agent.durable import start_writeback
 from agent.staging import Staging
 from agent.store import VersionStore
 from tests.agent.local_versions import CHUNK, fill, install, manifest_of, small_tmpfs
@@ -202,17 +200,3 @@ def test_finish_flushes_files_nobody_synced(tmp_path: Path, make_model: Callable
     staging.finish()
     for entry in manifest.files:
         assert (staging.dir / entry.path).read_bytes() == (source / entry.path).read_bytes()
-
-
-def test_writeback_starts_early_and_leaves_the_bytes_intact(tmp_path: Path) -> None:
-    path = tmp_path / "blob"
-    data = os.urandom(1 << 20)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        os.pwrite(fd, data, 0)
-        started = start_writeback(fd, 0, len(data))
-        assert started == sys.platform.startswith("linux")
-        assert not start_writeback(fd, 0, 0)  # nothing to write
-    finally:
-        os.close(fd)
-    assert path.read_bytes() == data
