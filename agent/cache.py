@@ -43,6 +43,7 @@ import aiohttp
 from agent.bandwidth import SLICE, TokenBucket
 from agent.chunkstore import ChunkStore
 from agent.peerserver import ChunkLocation, chunk_path
+from agent.problems import answer_error
 from agent.tickets import TicketKeeper
 from agent.tracker import chunk_order
 from weightship.digests import sha256_hex
@@ -288,10 +289,11 @@ class ReadThroughCache:
         http = await self._session()
         try:
             async with http.get(url, headers=headers) as response:
-                if response.status in (404, 409):
-                    raise NotFoundError(f"{what} does not have it (HTTP {response.status})")
                 if response.status not in (200, 206):
-                    raise TemporaryError(f"{what} answered HTTP {response.status}")
+                    refusal = await answer_error(response, what)
+                    if response.status in (404, 409):
+                        raise NotFoundError(f"{what} does not have it (HTTP {response.status}): {refusal.message}")
+                    raise TemporaryError(f"{what} answered HTTP {response.status}: {refusal.message}")
                 return await self._read(response, length, what)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TemporaryError(f"{what} failed: {exc!r}") from None

@@ -185,39 +185,59 @@ class Fetcher:
         failures: list[WeightshipError],
         pool: _Pool,
     ) -> None:
-        loop = asyncio.get_running_loop()
         deferred = False
         try:
-            view = memoryview(buf)[: job.length]
-            if source is not None:
-                try:
-                    await loop.run_in_executor(self.executor, _read_local, source, view)
-                    await loop.run_in_executor(self.executor, staging.place, job, view)
-                    self.counters.add(bytes_copied_locally=job.bytes_placed)
-                    self.counters.sources.delivered("local", job.length)
-                    if self.sources is not None:
-                        self.sources.verified(staging.manifest, [job.digest])
-                    report(job.bytes_placed)
-                    return
-                except (OSError, IntegrityError) as exc:
-                    event(log, "fetch.local_copy_failed", logging.WARNING, chunk=job.digest, error=str(exc))
-            try:
-                await self._download(staging, job, view, warn, pool.may_defer(job))
-            except Deferred as wait:
-                pool.defer(job, wait.delay)
-                deferred = True
-                return
-            except DiskFullError:
-                raise
-            except WeightshipError as exc:
-                failures.append(exc)
-                return
-            self.counters.add(bytes_copied_locally=job.bytes_placed - job.length)
-            report(job.bytes_placed)
+            deferred = await self._fill(staging, job, source, buf, report, warn, failures, pool)
         finally:
             buffers.put(buf)
             if not deferred:
                 pool.done()
+        if staging.unsynced:
+            # A file's last chunk landed: flush it now, with the buffer already back in the pool.
+            await asyncio.get_running_loop().run_in_executor(self.executor, staging.sync_completed)
+
+    async def _fill(
+        self,
+        staging: Staging,
+        job: ChunkJob,
+        source: LocalChunk | None,
+        buf: mmap.mmap,
+        report: Callable[[int], None],
+        warn: Trouble,
+        failures: list[WeightshipError],
+        pool: _Pool,
+    ) -> bool:
+        """Place ``job`` through ``buf``: from a local copy when there is one, else downloaded.
+
+        True when the job was deferred (put back in ``pool`` to be taken again later).
+        """
+        loop = asyncio.get_running_loop()
+        view = memoryview(buf)[: job.length]
+        if source is not None:
+            try:
+                await loop.run_in_executor(self.executor, _read_local, source, view)
+                await loop.run_in_executor(self.executor, staging.place, job, view)
+                self.counters.add(bytes_copied_locally=job.bytes_placed)
+                self.counters.sources.delivered("local", job.length)
+                if self.sources is not None:
+                    self.sources.verified(staging.manifest, [job.digest])
+                report(job.bytes_placed)
+                return False
+            except (OSError, IntegrityError) as exc:
+                event(log, "fetch.local_copy_failed", logging.WARNING, chunk=job.digest, error=str(exc))
+        try:
+            await self._download(staging, job, view, warn, pool.may_defer(job))
+        except Deferred as wait:
+            pool.defer(job, wait.delay)
+            return True
+        except DiskFullError:
+            raise
+        except WeightshipError as exc:
+            failures.append(exc)
+            return False
+        self.counters.add(bytes_copied_locally=job.bytes_placed - job.length)
+        report(job.bytes_placed)
+        return False
 
     def _ranker(self, staging: Staging) -> Ranker | None:
         """Re-orders pending jobs by the tracker's availability (``rank_chunks``); None without a tracker.
@@ -461,6 +481,9 @@ class _Pool:
         self._changed.set()
 
 
+_PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+
+
 class _Buffers:
     """Chunk buffers, made on first use and reused for the rest of one fetch.
 
@@ -475,7 +498,9 @@ class _Buffers:
 
     async def get(self) -> mmap.mmap:
         await self._slots.acquire()
-        return self._free.pop() if self._free else mmap.mmap(-1, self.size)
+        # Private, not shared (``mmap(-1, n)``'s default): plain anonymous memory is cheaper to fault in
+        # and to free than the shmem pages a shared anonymous map is made of.
+        return self._free.pop() if self._free else mmap.mmap(-1, self.size, flags=_PRIVATE)
 
     def put(self, buf: mmap.mmap) -> None:
         self._free.append(buf)

@@ -14,6 +14,9 @@ the weights). Routes, under ``/local/v1`` (schemas in ``weightship.schemas``)::
 ``wait`` is both "wait until ready" (``after_epoch=0``) and a long-poll of switches (pass the
 epoch you serve). ``path`` is the version directory itself, stable for as long as the version is
 referenced; ``<data_dir>/deployments/<name>/current`` is the same directory through a link.
+Every error answer is RFC 9457 problem details (``agent.problems``): 400 ``invalid`` for a bad
+``wait`` query, 404 ``not_found`` for a deployment never pointed (``no_route`` for an unknown
+route), 405, 413, 422 ``invalid_request`` for a malformed validation report, 500 ``internal``.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
+from agent.problems import boundary, problem_response
 from agent.serving import Serving
-from weightship.errors import ValidationError
+from weightship.errors import NotFoundError, ValidationError
 from weightship.logs import event
-from weightship.schemas import ErrorBody, ErrorDetail, NodeHeartbeat, ServeReport, ValidationReport
+from weightship.schemas import NodeHeartbeat, ServeReport, ValidationReport
 
 __all__ = ["MAX_WAIT_SECONDS", "LocalAPI"]
 
@@ -49,18 +53,14 @@ def _json(model: BaseModel | list[BaseModel], status: int = 200) -> web.Response
     return web.Response(text=text, status=status, content_type="application/json")
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    return _json(ErrorBody(error=ErrorDetail(code=code, message=message)), status)
-
-
 async def _body(request: web.Request, schema: type[_Body]) -> _Body | web.Response:
-    """The request's JSON as ``schema``, or the 422 answer naming the first bad field."""
+    """The request's JSON as ``schema``, or the 422 problem naming the first bad field."""
     try:
         return schema.model_validate_json(await request.read())
     except PydanticValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return _error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid body')}")
+        return problem_response(422, "invalid_request", f"{where}: {first.get('msg', 'invalid body')}", request.path)
 
 
 class LocalAPI:
@@ -77,7 +77,7 @@ class LocalAPI:
         self.status = status
         self.on_report = on_report
         self.on_serve_metrics = on_serve_metrics
-        self.app = web.Application()
+        self.app = web.Application(middlewares=[boundary("the local API")])
         self.app.add_routes(
             [
                 web.get("/local/v1/deployments", self._list),
@@ -137,11 +137,10 @@ class LocalAPI:
         name = request.match_info["name"]
         view = self.serving.get(name)
         if view is None:
-            return _error(
-                404,
-                "not_found",
+            raise NotFoundError(
                 f"this node has no pointer for deployment {name!r} yet: check the agent serves it "
                 "(--deployment) and that the deployment's pointer is set",
+                fields={"deployment": name},
             )
         return _json(view)
 
@@ -151,7 +150,9 @@ class LocalAPI:
             after = int(request.query.get("after_epoch", "0"))
             timeout = min(float(request.query.get("timeout", "30")), MAX_WAIT_SECONDS)
         except ValueError:
-            return _error(400, "invalid", "after_epoch must be an integer and timeout a number of seconds")
+            raise ValidationError(
+                "after_epoch must be an integer and timeout a number of seconds", fields={"deployment": name}
+            ) from None
         view = await self.serving.wait(name, after, max(0.0, timeout))
         if view is None:
             return web.Response(status=204)

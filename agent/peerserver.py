@@ -11,6 +11,7 @@
   they do not have);
 - 503 + ``Retry-After`` when ``upload_concurrency`` uploads are already running (the requester
   picks another source rather than queueing here);
+- every error as RFC 9457 problem details (``agent.problems``), with our stable ``code``;
 - 200 with exactly the chunk's bytes, ``Content-Length`` and ``X-Weightship-Chunk: sha256:<hex>``.
 
 What is served comes from a ``ChunkLocator``: on a GPU node, ``VersionChunks`` (chunks of ready
@@ -37,6 +38,7 @@ from typing import BinaryIO, Protocol
 from aiohttp import web
 
 from agent.bandwidth import SLICE, TokenBucket
+from agent.problems import boundary
 from agent.staging import Staging
 from agent.tickets import TicketKeeper
 from weightship.digests import is_hex
@@ -153,7 +155,7 @@ class PeerServer:
         self.bucket = TokenBucket(upload_bandwidth)
         self.stats = UploadStats()
         self.url = ""
-        self.app = web.Application()
+        self.app = web.Application(middlewares=[boundary("the peer listener", challenge="Ticket")])
         self.app.router.add_get("/v1/chunks/{chunk}", self._chunk)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/metrics", self._metrics)
@@ -206,17 +208,6 @@ class PeerServer:
         return web.Response(text=text, content_type="text/plain")
 
     @staticmethod
-    def _error(err: WeightshipError) -> web.Response:
-        headers = {}
-        if err.status_code == 401:
-            headers["WWW-Authenticate"] = "Ticket"
-        if isinstance(err, TemporaryError):
-            headers["Retry-After"] = str(max(1, int(err.delay)))
-        return web.json_response(
-            {"error": {"code": err.code, "message": err.message}}, status=err.status_code, headers=headers
-        )
-
-    @staticmethod
     def _params(request: web.Request) -> tuple[str, str, str, int]:
         chunk = request.match_info["chunk"]
         version = request.query.get("version", "")
@@ -229,27 +220,22 @@ class PeerServer:
         return chunk, version, blob, int(index)
 
     async def _chunk(self, request: web.Request) -> web.StreamResponse:
+        # Errors escape to the listener's boundary (``agent.problems``), which answers problem details.
+        chunk, version, blob, index = self._params(request)
         try:
-            chunk, version, blob, index = self._params(request)
-            try:
-                await self.tickets.check(request.headers.get("Authorization"), version)
-            except WeightshipError:
-                self.stats.refused_ticket += 1
-                raise
-            if self.stats.active >= self.upload_concurrency:
-                self.stats.refused_busy += 1
-                raise TemporaryError(
-                    f"this agent is already serving {self.stats.active} uploads (its cap); try another source",
-                    delay=1.0,
-                )
-            self.stats.active += 1
-        except WeightshipError as exc:
-            return self._error(exc)
+            await self.tickets.check(request.headers.get("Authorization"), version)
+        except WeightshipError:
+            self.stats.refused_ticket += 1
+            raise
+        if self.stats.active >= self.upload_concurrency:
+            self.stats.refused_busy += 1
+            raise TemporaryError(
+                f"this agent is already serving {self.stats.active} uploads (its cap); try another source",
+                delay=1.0,
+            )
+        self.stats.active += 1
         try:
-            try:
-                where, fobj = await self._open(chunk, version, blob, index)
-            except WeightshipError as exc:
-                return self._error(exc)
+            where, fobj = await self._open(chunk, version, blob, index)
             try:
                 return await self._send(request, fobj, where, chunk)
             finally:

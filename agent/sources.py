@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from agent.problems import answer_error
 from agent.tracker import Availability, bitmap_of, chunk_order
 from weightship.errors import IntegrityError, TemporaryError, WeightshipError
 from weightship.logs import event
@@ -218,7 +219,7 @@ class Sources:
         url = f"{self.tracker}/v1/tracker/{query}"
         async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:
             if response.status != 200:
-                raise TemporaryError(f"tracker answered {response.status} to GET {url}")
+                raise await answer_error(response, f"tracker {self.tracker}: GET /v1/tracker/{query}")
             return await response.read()
 
     async def availability(self, version: str) -> Availability | None:
@@ -274,7 +275,10 @@ class Sources:
                     if response.status in (429, 503):
                         raise _Refused(f"{attempt.source} {attempt.parent or attempt.url} is busy ({response.status})")
                     if response.status != 200:
-                        raise TemporaryError(f"{attempt.source} answered {response.status} for chunk {want.chunk}")
+                        refusal = await answer_error(response, f"{attempt.source} {attempt.parent or attempt.url}")
+                        raise TemporaryError(
+                            f"{attempt.source} answered {response.status} for chunk {want.chunk}: {refusal.message}"
+                        )
                     got = 0
                     async for data in response.content.iter_any():
                         if got + len(data) > want.length:
@@ -338,8 +342,9 @@ class Sources:
                                  headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:  # fmt: skip
                 if response.status == 204:
                     return True
-                event(log, "sources.announce_refused", logging.WARNING, status=response.status,
-                      body=(await response.text())[:200])  # fmt: skip
+                refusal = await answer_error(response, f"tracker {self.tracker}: announce")
+                event(log, "sources.announce_refused", logging.WARNING, status=response.status, code=refusal.code,
+                      error=refusal.message)  # fmt: skip
         except (aiohttp.ClientError, TimeoutError, WeightshipError) as exc:
             event(log, "sources.announce_failed", logging.WARNING, tracker=self.tracker, error=str(exc))
         return False

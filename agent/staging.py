@@ -92,6 +92,8 @@ class Staging:
         self._journal_fd = -1
         self._missing: dict[int, int] = {}  # chunks still to place, per open file
         self._synced: set[int] = set()
+        #: files complete on disk but not yet fsynced (``sync_completed`` does it)
+        self.unsynced: set[int] = set()
         self._lock = threading.Lock()  # place() runs in several worker threads at once
 
     # --- opening and resuming ------------------------------------------------------------------
@@ -285,7 +287,11 @@ class Staging:
     def place(self, job: ChunkJob, data: memoryview) -> None:
         """Verify ``data`` against ``job.digest``, then write it to every place and journal it.
 
-        Raises ``IntegrityError`` (nothing written) if the bytes do not match.
+        Raises ``IntegrityError`` (nothing written) if the bytes do not match. A file whose last
+        chunk this was waits in ``unsynced`` for ``sync_completed``, which the caller runs once it
+        gave ``data``'s buffer back, so no chunk buffer sits idle through an fsync. (Starting
+        writeback per chunk with ``sync_file_range`` was tried and dropped: on a busy disk it blocks
+        the writing thread, and with it the chunk's buffer, and fetches got slower.)
         """
         entry = self.manifest.files[job.placements[0].file]
         verify_chunk(data, job.digest, f"chunk {job.placements[0].chunk} of {entry.path} in {self.manifest.digest}")
@@ -297,16 +303,30 @@ class Staging:
             with self._lock:
                 self._journal("".join(f"c {p.file} {p.chunk}\n" for p in job.placements))
                 self.done.update((p.file, p.chunk) for p in job.placements)
-                complete = []
                 for p in job.placements:
                     self._missing[p.file] -= 1
                     if self._missing[p.file] == 0:
-                        complete.append(p.file)
-            for f in complete:
-                # Flush a file as soon as its last chunk lands, while others still download,
-                # so little is left for finish().
+                        self.unsynced.add(p.file)
+
+    def sync_completed(self) -> None:
+        """fsync the files whose every chunk is in place, while others still download.
+
+        So little is left for ``finish()``; safe to call from several worker threads at once.
+        """
+        with self._lock:
+            todo = sorted(self.unsynced)
+            self.unsynced.clear()
+        for f in todo:
+            with disk_full_as_ours(f"{self.manifest.files[f].path} of {self.manifest.digest}"):
                 os.fsync(self._fds[f])
+            with self._lock:
                 self._synced.add(f)
+
+    @property
+    def synced(self) -> frozenset[int]:
+        """Files already fsynced (``finish`` flushes the rest)."""
+        with self._lock:
+            return frozenset(self._synced)
 
     def _journal(self, lines: str) -> None:
         os.write(self._journal_fd, lines.encode("ascii"))

@@ -12,6 +12,8 @@ offline): a node can announce only for itself and only versions it is entitled t
 advertise chunks on another node's behalf or learn who holds a version it may not fetch. Chunk
 numbers are the version's ``chunk_order``; the manifest comes from the cache (which has every
 version a pointer names), so a bitmap naming chunks the version does not have is refused.
+Errors escape the handlers to the peer listener's boundary (``agent.problems``), which answers
+them as RFC 9457 problem details.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from agent.tickets import TicketKeeper
 from agent.tracker import NodeView, Reason, Tracker, chunk_order, indexes_of
-from weightship.errors import ForbiddenError, NotFoundError, ValidationError, WeightshipError
+from weightship.errors import ForbiddenError, NotFoundError, ValidationError
 from weightship.logs import event
 from weightship.manifest import Manifest
 from weightship.schemas import TrackerAnnounce, TrackerAvailability, TrackerReport, TrackerSource, TrackerSources
@@ -92,44 +94,36 @@ class TrackerRoutes:
             self.tracker.announce(view, held)
             return web.Response(status=204)
         except PydanticValidationError as exc:
-            return _problem(ValidationError(f"announcement: {exc.errors()[0].get('msg', 'invalid')}"))
-        except WeightshipError as exc:
-            return _problem(exc)
+            raise ValidationError(f"announcement: {exc.errors()[0].get('msg', 'invalid')}") from None
 
     async def _sources(self, request: web.Request) -> web.Response:
-        try:
-            version = request.query.get("version", "")
-            chunk = request.query.get("chunk", "")
-            ticket = await self.tickets.check(request.headers.get("Authorization"), version)
-            index = (await self._order(version)).get(chunk)
-            if index is None:
-                raise NotFoundError(f"version {version} has no chunk {chunk}")
-            advice = self.tracker.sources(ticket.node, version, index)
-            answer = TrackerSources(
-                sources=[TrackerSource(node=s.node, address=s.address) for s in advice.sources],
-                upstream_allowed=advice.upstream_allowed,
-                retry_after=advice.retry_after,
-            )
-            return web.Response(text=answer.model_dump_json(), content_type="application/json")
-        except WeightshipError as exc:
-            return _problem(exc)
+        version = request.query.get("version", "")
+        chunk = request.query.get("chunk", "")
+        ticket = await self.tickets.check(request.headers.get("Authorization"), version)
+        index = (await self._order(version)).get(chunk)
+        if index is None:
+            raise NotFoundError(f"version {version} has no chunk {chunk}")
+        advice = self.tracker.sources(ticket.node, version, index)
+        answer = TrackerSources(
+            sources=[TrackerSource(node=s.node, address=s.address) for s in advice.sources],
+            upstream_allowed=advice.upstream_allowed,
+            retry_after=advice.retry_after,
+        )
+        return web.Response(text=answer.model_dump_json(), content_type="application/json")
 
     async def _availability(self, request: web.Request) -> web.Response:
-        try:
-            version = request.query.get("version", "")
-            ticket = await self.tickets.check(request.headers.get("Authorization"), version)
-            manifest = await self.manifests(version)
-            order = await self._order(version)
-            seen = self.tracker.availability(ticket.node, version, len(order))
-            answer = TrackerAvailability(
-                holders=list(seen.holders),
-                fetching=sorted(seen.fetching),
-                cached=sorted(self.cached(manifest)),
-                upstream_free=seen.upstream_free,
-            )
-            return web.Response(text=answer.model_dump_json(), content_type="application/json")
-        except WeightshipError as exc:
-            return _problem(exc)
+        version = request.query.get("version", "")
+        ticket = await self.tickets.check(request.headers.get("Authorization"), version)
+        manifest = await self.manifests(version)
+        order = await self._order(version)
+        seen = self.tracker.availability(ticket.node, version, len(order))
+        answer = TrackerAvailability(
+            holders=list(seen.holders),
+            fetching=sorted(seen.fetching),
+            cached=sorted(self.cached(manifest)),
+            upstream_free=seen.upstream_free,
+        )
+        return web.Response(text=answer.model_dump_json(), content_type="application/json")
 
     async def _report(self, request: web.Request) -> web.Response:
         try:
@@ -142,16 +136,7 @@ class TrackerRoutes:
             event(log, "tracker.reported", reporter=ticket.node, parent=body.node, reason=body.reason, chunk=body.chunk)
             return web.Response(status=204)
         except PydanticValidationError as exc:
-            return _problem(ValidationError(f"report: {exc.errors()[0].get('msg', 'invalid')}"))
-        except WeightshipError as exc:
-            return _problem(exc)
-
-
-def _problem(err: WeightshipError) -> web.Response:
-    headers = {"WWW-Authenticate": "Ticket"} if err.status_code == 401 else {}
-    return web.json_response(
-        {"error": {"code": err.code, "message": err.message}}, status=err.status_code, headers=headers
-    )
+            raise ValidationError(f"report: {exc.errors()[0].get('msg', 'invalid')}") from None
 
 
 def _decode(have: str) -> bytes:

@@ -32,6 +32,9 @@ Usage: python bench/fetch.py [--size 2GiB] [--files 4] [--chunk-size 64MiB] [--c
 Last line: one JSON object; ``ratio_vs_curl`` = agent GB/s / curl GB/s (sendfile origin, best
 rounds); ``ratio_vs_curl_verified`` = agent GB/s / curl_verified GB/s (same origin, best rounds);
 ``ratio_vs_curl_controlplane_origin`` the same as ``ratio_vs_curl`` with the control plane serving;
+``cpu_seconds_per_gb``: CPU seconds (user + system) per GB of each client's least round (curl and
+its pipeline as waited-for children, the agent from ``/proc`` between the pointer update and
+ready), less sensitive to a loaded machine than wall time; ``cpu_vs_curl_verified`` = agent / rival;
 ``localapi_p99_ms_during_fetch`` and ``heartbeat_p99_ms_during_fetch``: the agent's local API and
 heartbeat p99 latency while it fetches the version, in one more round after the timed ones (its
 probes cost CPU, so it counts in no throughput figure).
@@ -44,6 +47,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -78,6 +82,18 @@ def p99(samples: list[float]) -> float:
 def heartbeat_seconds(log: str) -> list[float]:
     """The durations the agent logs for its heartbeats (``heartbeat.sent``, debug level)."""
     return [float(m) for m in re.findall(r"heartbeat\.sent seconds=([0-9.]+)", log)]
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every child process waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def serve_static(root: str, port: int) -> None:
@@ -123,6 +139,8 @@ class Bench:
         self.concurrency = concurrency
         self.procs: list[subprocess.Popen[bytes]] = []
         self.rounds = 0
+        #: CPU seconds of the last round measured, by client (``curl``, ``curl_verified``, ``agent``)
+        self.cpu: dict[str, float] = {}
 
     def spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(self.work / log, "ab") as out:
@@ -156,9 +174,11 @@ class Bench:
         argv = ["curl", "-sS", "--fail"]
         for blob in blobs:
             argv += ["-o", str(out / blob), urls[blob].url]
+        cpu = children_cpu()
         t = time.monotonic()
         subprocess.run(argv, check=True)
         seconds = time.monotonic() - t
+        self.cpu["curl"] = children_cpu() - cpu
         got = sum((out / b).stat().st_size for b in blobs)
         assert got == size, f"curl fetched {got} bytes, expected {size}"
         shutil.rmtree(out)
@@ -172,6 +192,7 @@ class Bench:
         with Client(cp_url, ADMIN) as client:
             urls = client.blob_urls(blobs).urls
         script = 'set -o pipefail; curl -sS --fail "$1" | tee "$2" | openssl dgst -sha256 -r'
+        cpu = children_cpu()
         t = time.monotonic()
         procs = {
             blob: subprocess.Popen(
@@ -183,6 +204,7 @@ class Bench:
         }
         digests = {blob: proc.communicate()[0].split()[0] for blob, proc in procs.items()}
         seconds = time.monotonic() - t
+        self.cpu["curl_verified"] = children_cpu() - cpu
         for blob, proc in procs.items():
             assert proc.returncode == 0, f"curl | tee | openssl failed for {blob}"
             assert digests[blob] == blob, f"{blob}: openssl computed {digests[blob]}"
@@ -228,6 +250,7 @@ class Bench:
             if probe:
                 wait_until(lambda: heartbeat_seconds(log.read_text()), 60, "a first heartbeat")
             log_start = log.stat().st_size
+            cpu = process_cpu(agent.pid)
             t = time.monotonic()
             client.set_pointer(name, digest, expected_epoch=client.get_deployment(name).epoch)
         latency: dict[str, Any] = {}
@@ -261,6 +284,7 @@ class Bench:
                 f"{api}/local/v1/deployments/{name}/wait", params={"after_epoch": 0, "timeout": 600}, timeout=620
             ).json()
         seconds = time.monotonic() - t
+        self.cpu["agent"] = process_cpu(agent.pid) - cpu
         assert view["ready"], view
         assert view["digest"] == digest, view
         downloaded = int(httpx.get(f"{api}/local/v1/status").json()["counters"]["bytes_downloaded"])
@@ -283,6 +307,9 @@ def main() -> None:
     parser.add_argument("--chunk-size", default="64MiB", help="manifest chunk size (default: %(default)s)")
     parser.add_argument("--concurrency", type=int, default=8, help="agent chunk requests in flight")
     parser.add_argument("--repeat", type=int, default=3, help="alternating rounds per origin (default: %(default)s)")
+    parser.add_argument(
+        "--origins", default="sendfile,controlplane", help="origins measured, comma-separated (default: %(default)s)"
+    )
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
     parser.add_argument("--serve-static", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -322,26 +349,34 @@ def main() -> None:
         # The control plane refuses a public URL on loopback where nothing listens yet.
         wait_for_port(static_port, 60)
         origins = {"sendfile": bench.controlplane(f"http://127.0.0.1:{static_port}"), "controlplane": cp_url}
+        origins = {name: url for name, url in origins.items() if name in args.origins.split(",")}
 
         results: dict[str, dict[str, Any]] = {}
+        gb = version.size / 1e9
         for origin, url in origins.items():
             curl_s: list[float] = []
             verified_s: list[float] = []
             agent_s: list[float] = []
             downloaded: list[int] = []
+            cpu: dict[str, list[float]] = {"curl": [], "curl_verified": [], "agent": []}
             for round_ in range(args.repeat):
                 curl_s.append(bench.curl(url, blobs, version.size))
                 verified_s.append(bench.curl_verified(url, blobs, version.size))
                 seconds, got = bench.agent(url, token, version.digest)
                 agent_s.append(seconds)
                 downloaded.append(got)
+                for client_name in cpu:
+                    cpu[client_name].append(bench.cpu[client_name])
                 print(
                     f"{origin} round {round_ + 1}: curl {curl_s[-1]:.3f}s "
                     f"({version.size / curl_s[-1] / 1e9:.3f} GB/s), curl|tee|openssl {verified_s[-1]:.3f}s "
                     f"({version.size / verified_s[-1] / 1e9:.3f} GB/s), agent {seconds:.3f}s "
-                    f"({version.size / seconds / 1e9:.3f} GB/s), agent downloaded {got} bytes",
+                    f"({version.size / seconds / 1e9:.3f} GB/s), agent downloaded {got} bytes; CPU s/GB: "
+                    f"curl {cpu['curl'][-1] / gb:.2f}, curl|tee|openssl {cpu['curl_verified'][-1] / gb:.2f}, "
+                    f"agent {cpu['agent'][-1] / gb:.2f}",
                     flush=True,
                 )
+            cpu_per_gb = {name: round(min(values) / gb, 3) for name, values in cpu.items()}
             curl_gbps = version.size / min(curl_s) / 1e9
             verified_gbps = version.size / min(verified_s) / 1e9
             agent_gbps = version.size / min(agent_s) / 1e9
@@ -349,7 +384,8 @@ def main() -> None:
                 f"{origin}: curl best {curl_gbps:.3f} GB/s (median {statistics.median(curl_s):.3f}s), "
                 f"curl|tee|openssl best {verified_gbps:.3f} GB/s (median {statistics.median(verified_s):.3f}s), "
                 f"agent best {agent_gbps:.3f} GB/s (median {statistics.median(agent_s):.3f}s), "
-                f"ratio vs curl {agent_gbps / curl_gbps:.3f}, vs curl verified {agent_gbps / verified_gbps:.3f}",
+                f"ratio vs curl {agent_gbps / curl_gbps:.3f}, vs curl verified {agent_gbps / verified_gbps:.3f}; "
+                f"CPU s/GB (least): {cpu_per_gb}",
                 flush=True,
             )
             results[origin] = {
@@ -362,6 +398,8 @@ def main() -> None:
                 "agent_gbps": round(agent_gbps, 4),
                 "ratio": round(agent_gbps / curl_gbps, 4),
                 "ratio_vs_curl_verified": round(agent_gbps / verified_gbps, 4),
+                "cpu_seconds_per_gb": cpu_per_gb,
+                "cpu_vs_curl_verified": round(cpu_per_gb["agent"] / max(cpu_per_gb["curl_verified"], 1e-9), 3),
             }
         latency = bench.agent_latency(origins["sendfile"], token, version.digest)
         print(
@@ -382,14 +420,18 @@ def main() -> None:
                     "rounds": args.repeat,
                     "cpus": os.cpu_count(),
                     "sendfile_origin": results["sendfile"],
-                    "controlplane_origin": results["controlplane"],
+                    "controlplane_origin": results.get("controlplane"),
                     "curl_gbps": results["sendfile"]["curl_gbps"],
                     "agent_gbps": results["sendfile"]["agent_gbps"],
                     "ratio_vs_curl": results["sendfile"]["ratio"],
                     "curl_verified_gbps": results["sendfile"]["curl_verified_gbps"],
                     "ratio_vs_curl_verified": results["sendfile"]["ratio_vs_curl_verified"],
+                    "cpu_seconds_per_gb": results["sendfile"]["cpu_seconds_per_gb"],
+                    "cpu_vs_curl_verified": results["sendfile"]["cpu_vs_curl_verified"],
                     "load_average": round(os.getloadavg()[0], 2),
-                    "ratio_vs_curl_controlplane_origin": results["controlplane"]["ratio"],
+                    "ratio_vs_curl_controlplane_origin": results["controlplane"]["ratio"]
+                    if "controlplane" in results
+                    else None,
                     **latency,
                 }
             )

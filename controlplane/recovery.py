@@ -52,9 +52,8 @@ from controlplane.persistence.db import (
 from controlplane.persistence.store import OriginStore, provenance_key, store_from_url
 from controlplane.persistence.store.origin import BLOBS, LABELS, MANIFESTS
 from controlplane.registry import as_utc, pickle_files
-from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, ManifestError, NotFoundError, WeightshipError
-from weightship.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from weightship.manifest import MAX_MANIFEST_BYTES, Manifest, manifest_bytes_match, parse_manifest
 
 __all__ = ["RecoveryReport", "main", "rebuild_index"]
 
@@ -93,7 +92,7 @@ def _record(store: OriginStore, key: str) -> dict[str, Any] | None:
 def _read_version(store: OriginStore, key: str, blobs: set[str], report: RecoveryReport) -> _Version | None:
     hex_digest = key.removeprefix(MANIFESTS)
     raw = store.get_bytes(key, MAX_MANIFEST_BYTES)
-    if sha256_hex(raw) != hex_digest:
+    if not manifest_bytes_match(raw, hex_digest):
         report.skipped.append(f"{key}: bytes do not hash to the key (corrupt manifest)")
         return None
     try:

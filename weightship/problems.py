@@ -14,14 +14,22 @@ else from the HTTP status. A ``TemporaryError`` carries the server's ``Retry-Aft
 an HTTP date) as its ``delay``, so the retry engine (``weightship.backoff``) waits at least that
 long. The body is parsed tolerantly here, not with a response schema: a server mid-upgrade may
 send either shape, and an error answer must never turn into a second, confusing error.
+
+The writing side lives here too, so that every server of ours (the control plane's FastAPI app,
+the agent's local API and peer listener) builds the same document from the same error:
+``problem_document`` is the body, ``error_problem`` maps a ``WeightshipError`` to body and headers
+(``Retry-After`` for a ``TemporaryError``, ``WWW-Authenticate`` for a 401).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
+from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
+from http import HTTPStatus
 from typing import Any
 
 import httpx
@@ -45,10 +53,21 @@ from weightship.errors import (
     WeightshipError,
 )
 
-__all__ = ["MAX_RETRY_AFTER", "error_from_response", "retry_after"]
+__all__ = [
+    "MAX_RETRY_AFTER",
+    "PROBLEM_MEDIA_TYPE",
+    "error_from_response",
+    "error_problem",
+    "problem_document",
+    "retry_after",
+    "status_title",
+]
 
 #: The longest ``Retry-After`` honoured, in seconds: a longer hint is a misconfigured server.
 MAX_RETRY_AFTER = 60.0
+#: The media type of RFC 9457 problem details.
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+_TYPE_BASE = "https://weightship.dev/problems/"
 
 #: Error classes by the ``code`` a body names; the most specific answer wins.
 _BY_CODE: dict[str, type[WeightshipError]] = {
@@ -90,6 +109,50 @@ _BY_STATUS: dict[int, type[WeightshipError]] = {
 #: S3 error codes that mean the bytes did not match the checksum we sent.
 _S3_INTEGRITY_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
 _XML_FIELD = re.compile(r"<(Code|Message)>([^<]*)</\1>")
+
+
+def status_title(status: int) -> str:
+    """The standard reason phrase of ``status`` (the problem's ``title``)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def problem_document(
+    status: int, code: str, detail: str, instance: str, fields: Mapping[str, Field | int] | None = None
+) -> dict[str, Any]:
+    """RFC 9457 problem details with our stable ``code``; ``fields`` become further members."""
+    body: dict[str, Any] = {
+        "type": _TYPE_BASE + code,
+        "title": status_title(status),
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+        "code": code,
+    }
+    for name, value in (fields or {}).items():
+        body.setdefault(name, value)  # the standard members win over a field of the same name
+    return body
+
+
+def error_problem(
+    err: WeightshipError, instance: str, *, challenge: str = "Bearer"
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The problem document and headers that ``err``, escaping a request to ``instance``, answers with.
+
+    ``challenge`` is the ``WWW-Authenticate`` scheme of a 401 (``Bearer`` tokens on the control
+    plane, ``Ticket`` on the agent's peer listener).
+    """
+    headers: dict[str, str] = {}
+    fields: dict[str, Field | int] = dict(err.fields)
+    if err.status_code == 401:
+        headers["WWW-Authenticate"] = challenge
+    if isinstance(err, TemporaryError):
+        seconds = max(1, math.ceil(err.delay))
+        headers["Retry-After"] = str(seconds)
+        fields["retry_after"] = seconds
+    return problem_document(err.status_code, err.code, err.message, instance, fields), headers
 
 
 def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
@@ -156,7 +219,9 @@ def _read_body(response: httpx.Response) -> tuple[str | None, str | None, dict[s
         title = doc.get("title")
         message = detail if isinstance(detail, str) and detail else title if isinstance(title, str) else None
         fields = {
-            k: v for k, v in doc.items() if k not in _PROBLEM_MEMBERS and (v is None or isinstance(v, str | int | float))
+            k: v
+            for k, v in doc.items()
+            if k not in _PROBLEM_MEMBERS and (v is None or isinstance(v, str | int | float))
         }
         return (code if isinstance(code, str) else None), message, fields
     return None, None, {}
@@ -165,7 +230,7 @@ def _read_body(response: httpx.Response) -> tuple[str | None, str | None, dict[s
 def _is_problem(response: httpx.Response, doc: dict[str, Any]) -> bool:
     """Whether ``doc`` is problem details: by media type, or by its members when a proxy relabelled it."""
     media = response.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media == "application/problem+json":
+    if media == PROBLEM_MEDIA_TYPE:
         return True
     return isinstance(doc.get("code"), str) and isinstance(doc.get("detail"), str) and "status" in doc
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping
-from http import HTTPStatus
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -41,14 +39,13 @@ from sqlalchemy import exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controlplane.persistence.db import database_errors
-from weightship.errors import Field, TemporaryError, WeightshipError
+from weightship.errors import Field, WeightshipError
+from weightship.problems import PROBLEM_MEDIA_TYPE, error_problem, problem_document, status_title
 
 __all__ = ["PROBLEM_MEDIA_TYPE", "Problem", "document", "errors", "install", "problem_bytes", "problem_response"]
 
 log = logging.getLogger(__name__)
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
-_TYPE_BASE = "https://weightship.dev/problems/"
 #: codes of the errors the framework itself raises, by status
 _FRAMEWORK_CODES = {400: "bad_request", 404: "no_route", 405: "method_not_allowed"}
 #: statuses every route under /v1 can answer, whatever it does
@@ -70,27 +67,6 @@ class Problem(BaseModel):
     retry_after: int | None = None
 
 
-def _title(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
-
-
-def _problem(status: int, code: str, detail: str, instance: str, fields: Mapping[str, Field | int]) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "type": _TYPE_BASE + code,
-        "title": _title(status),
-        "status": status,
-        "detail": detail,
-        "instance": instance,
-        "code": code,
-    }
-    for name, value in fields.items():
-        body.setdefault(name, value)  # the standard members win over a field of the same name
-    return body
-
-
 def problem_response(
     status: int,
     code: str,
@@ -101,25 +77,18 @@ def problem_response(
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """A problem-details answer."""
-    body = _problem(status, code, detail, instance, fields or {})
+    body = problem_document(status, code, detail, instance, fields)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_MEDIA_TYPE)
 
 
 def problem_bytes(status: int, code: str, detail: str, instance: str) -> bytes:
     """The body of a problem-details answer, for ASGI code that sends its own messages."""
-    return json.dumps(_problem(status, code, detail, instance, {}), separators=(",", ":")).encode()
+    return json.dumps(problem_document(status, code, detail, instance), separators=(",", ":")).encode()
 
 
 def _from_error(request: Request, err: WeightshipError) -> JSONResponse:
-    headers: dict[str, str] = {}
-    fields: dict[str, Field | int] = dict(err.fields)
-    if err.status_code == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(err, TemporaryError):
-        seconds = max(1, math.ceil(err.delay))
-        headers["Retry-After"] = str(seconds)
-        fields["retry_after"] = seconds
-    return problem_response(err.status_code, err.code, err.message, request.url.path, fields=fields, headers=headers)
+    body, headers = error_problem(err, request.url.path)
+    return JSONResponse(body, status_code=err.status_code, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
 
 
 def install(app: FastAPI) -> None:
@@ -183,7 +152,7 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 def _documented(status: int) -> dict[str, Any]:
     return {
-        "description": _title(status),
+        "description": status_title(status),
         "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
     }
 

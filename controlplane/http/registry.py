@@ -37,10 +37,11 @@ from controlplane.registry import (
     resolve_version,
     version_info,
 )
-from weightship.digests import hex_of, is_hex, sha256_hex
-from weightship.errors import ConflictError, IntegrityError, NotFoundError
+from weightship.digests import is_hex
+from weightship.errors import ConflictError, NotFoundError
 from weightship.manifest import (
     MAX_MANIFEST_BYTES,
+    check_manifest_bytes,
     check_model_name,
 )
 from weightship.schemas import INT64_MAX, BlobURL, BlobURLRequest, BlobURLs, LabelCreate, ModelInfo, Role, VersionInfo
@@ -131,11 +132,12 @@ def get_manifest(
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers={"ETag": etag, "Cache-Control": _IMMUTABLE})
     raw = state.store.get_bytes(manifest_key(digest), MAX_MANIFEST_BYTES)
-    if sha256_hex(raw) != hex_of(digest):
-        raise IntegrityError(
-            f"the stored manifest of {digest} does not hash to its digest; the origin store is corrupt: "
-            "restore manifests/sha256/ from a backup"
-        )
+    check_manifest_bytes(
+        raw,
+        digest,
+        f"the stored manifest of {digest}",
+        "the origin store is corrupt: restore manifests/sha256/ from a backup",
+    )
     return Response(content=raw, media_type="application/json", headers={"ETag": etag, "Cache-Control": _IMMUTABLE})
 
 

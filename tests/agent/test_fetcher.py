@@ -151,3 +151,20 @@ async def test_a_misbehaving_origin_fails_the_fetch_with_a_clear_error(
         assert all(manifest.files[f].size <= manifest.chunk_size for f, _c in staging.done)
     finally:
         await runner.cleanup()
+
+
+async def test_each_file_is_flushed_during_the_fetch_once_its_last_chunk_lands(
+    tmp_path: Path,
+    origin: Origin,
+    make_model: Callable[..., Path],
+    session: RangeClient,
+    executor: ThreadPoolExecutor,
+) -> None:
+    """The fetcher runs ``sync_completed`` after freeing the chunk's buffer: nothing is left for ``finish``."""
+    manifest = origin.publish(make_model("a"), "m")
+    staging = Staging(tmp_path, manifest)
+    staging.open()
+    await fetcher(session, URLs(origin.url), Counters(), executor).fetch(staging, {})
+    assert staging.unsynced == set()
+    assert staging.synced == set(range(len(manifest.files)))
+    staging.finish()

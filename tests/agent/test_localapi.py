@@ -18,6 +18,7 @@ from tests.agent.agent_processes import eventually
 from tests.agent.local_versions import install
 from weightship.manifest import Manifest
 from weightship.schemas import LocalDeployment, NodeHeartbeat, ValidationReport
+from weightship.testing import problem
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -57,7 +58,8 @@ async def node(tmp_path: Path, make_model: Callable[..., Path]) -> AsyncIterator
 async def test_unknown_deployment_is_404_with_a_hint(node: Node) -> None:
     response = await node.http.get("/local/v1/deployments/chat")
     assert response.status_code == 404
-    assert "--deployment" in response.json()["error"]["message"]
+    assert problem(response)["code"] == "not_found"
+    assert "--deployment" in problem(response)["detail"]
 
 
 async def parked(node: Node, count: int) -> None:
@@ -108,4 +110,5 @@ async def test_validation_reports_are_accepted_and_bad_ones_refused(node: Node) 
     assert node.reports == [report]
     bad = await node.http.post("/local/v1/validation", json={"deployment": "chat"})
     assert bad.status_code == 422
-    assert "digest" in bad.json()["error"]["message"]
+    assert problem(bad)["code"] == "invalid_request"
+    assert "digest" in problem(bad)["detail"]

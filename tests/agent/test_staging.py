@@ -170,3 +170,33 @@ def test_a_real_enospc_while_writing_a_chunk_is_a_disk_full_error(
     (tiny_disk / "filler").write_bytes(bytes(stat.f_bavail * stat.f_frsize - 8192))
     with pytest.raises(DiskFullError, match="disk full while writing"):
         fill(staging, source)
+
+
+def test_a_completed_file_is_flushed_by_sync_completed_not_while_its_chunk_buffer_is_held(
+    tmp_path: Path, make_model: Callable[..., Path]
+) -> None:
+    """``place`` only marks a finished file; the fsync runs apart, after the caller freed its buffer."""
+    source = make_model("a", tensors_mb=0.5)
+    manifest = manifest_of(source)
+    staging = Staging(tmp_path, manifest)
+    staging.open()
+    fill(staging, source)
+    assert staging.unsynced == set(range(len(manifest.files)))  # every file complete, none flushed in place()
+    staging.sync_completed()
+    assert staging.unsynced == set()
+    staging.finish()
+    record = read_verification(staging.dir)
+    assert record is not None
+    assert record.digest == manifest.digest
+
+
+def test_finish_flushes_files_nobody_synced(tmp_path: Path, make_model: Callable[..., Path]) -> None:
+    """A caller that never runs ``sync_completed`` still gets durable files from ``finish``."""
+    source = make_model("a", tensors_mb=0.5)
+    manifest = manifest_of(source)
+    staging = Staging(tmp_path, manifest)
+    staging.open()
+    fill(staging, source)
+    staging.finish()
+    for entry in manifest.files:
+        assert (staging.dir / entry.path).read_bytes() == (source / entry.path).read_bytes()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent.problems import boundary
 from agent.tickets import TicketKeeper
 from agent.tracker import Tracker
 from agent.tracker_api import TrackerRoutes
@@ -49,7 +50,7 @@ async def tracker_server(tracker: Tracker, signer: Signer, manifests: dict[str, 
     async def manifest(version: str) -> Manifest:
         return manifests[version]
 
-    app = web.Application()
+    app = web.Application(middlewares=[boundary("the tracker", challenge="Ticket")])  # as on the peer listener
     TrackerRoutes(tracker, keeper, manifest).mount(app)
     return await serve(app)
 

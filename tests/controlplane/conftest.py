@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -39,6 +38,7 @@ from controlplane.settings import Settings
 from controlplane.state import AppState
 from weightship.manifest import Manifest, build_manifest
 from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo
+from weightship.testing import problem as problem  # the control plane's tests import it from here
 
 ADMIN_TOKEN = "ws_test-bootstrap-admin-0123456789abcdef"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -278,15 +278,3 @@ def publisher(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]])
     pub = Publisher(cp_client, role_headers[Role.publisher])
     yield pub
     pub.direct.close()
-
-
-def problem(response: httpx.Response) -> dict[str, Any]:
-    """The RFC 9457 problem details of an error ``response``, checked for the members every one carries."""
-    assert response.headers["content-type"].startswith("application/problem+json"), response.headers
-    body = response.json()
-    assert isinstance(body, dict), body
-    for member in ("type", "title", "status", "detail", "instance", "code"):
-        assert member in body, (member, body)
-    assert body["status"] == response.status_code, body
-    assert body["type"].endswith("/" + body["code"]), body
-    return body

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import delete, select
 
 from controlplane.persistence.db import LabelRow, ModelRow, UploadSessionRow, VersionRow, make_engine, make_sessionmaker
-from controlplane.persistence.store import LocalStore, S3Store, blob_key
+from controlplane.persistence.store import LocalStore, S3Store, blob_key, manifest_key
 from controlplane.recovery import main as recovery_main
 from controlplane.recovery import rebuild_index
 from controlplane.settings import Settings
@@ -138,3 +138,21 @@ def test_recovery_runs_as_a_module(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary == {"event": "recovered", "labels": 0, "models": 0, "skipped": [], "versions": 0}
+
+
+def test_a_manifest_whose_bytes_do_not_hash_to_its_key_is_skipped(
+    cp_state: AppState, published: list[VersionInfo]
+) -> None:
+    """Tampered manifest bytes never become a version: the one manifest-bytes check refuses them."""
+    store = cp_state.store
+    key = manifest_key(published[2].digest)
+    raw = store.get_bytes(key, 1 << 20)
+    if isinstance(store, S3Store):
+        store.client.put_object(Bucket=store.bucket, Key=store.prefix + key, Body=raw + b" ")
+    else:
+        assert isinstance(store, LocalStore)
+        (store.root / key).write_bytes(raw + b" ")
+    lose_the_index(cp_state)
+    report = rebuild_index(store, cp_state.sessions)
+    assert report.versions == 2
+    assert any(key in problem and "corrupt manifest" in problem for problem in report.skipped)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from weightship.problems import PROBLEM_MEDIA_TYPE, problem_document
 from weightship.schemas import LocalDeployment, ValidationReport
 
 _T = TypeVar("_T")
@@ -69,7 +70,9 @@ class FakeLocalAgent:
             self._changed.notify_all()
         await self._runner.cleanup()
 
-    def publish(self, name: str, digest: str | None, path: str | None, *, ready: bool = True, model: str = "tiny") -> int:
+    def publish(
+        self, name: str, digest: str | None, path: str | None, *, ready: bool = True, model: str = "tiny"
+    ) -> int:
         """Point deployment ``name`` at a version (a new, higher epoch); returns the epoch."""
         return self._call(self._publish(name, digest, path, ready, model)).result(timeout=10)
 
@@ -77,7 +80,9 @@ class FakeLocalAgent:
         assert self._changed is not None
         previous = self._deployments.get(name)
         epoch = previous.epoch + 1 if previous is not None else 1
-        self._deployments[name] = LocalDeployment(name=name, model=model, digest=digest, path=path, epoch=epoch, ready=ready)
+        self._deployments[name] = LocalDeployment(
+            name=name, model=model, digest=digest, path=path, epoch=epoch, ready=ready
+        )
         async with self._changed:
             self._changed.notify_all()
         return epoch
@@ -89,7 +94,7 @@ class FakeLocalAgent:
     async def _get(self, request: web.Request) -> web.Response:
         deployment = self._deployments.get(request.match_info["name"])
         if deployment is None:
-            return web.json_response({"error": {"code": "not_found", "message": "no such deployment"}}, status=404)
+            return _problem(request, 404, "not_found", "no such deployment")
         return web.Response(body=deployment.model_dump_json(), content_type="application/json")
 
     async def _wait(self, request: web.Request) -> web.Response:
@@ -98,7 +103,7 @@ class FakeLocalAgent:
             after = int(request.query["after_epoch"])
             timeout = float(request.query.get("timeout", "30"))
         except (KeyError, ValueError):
-            return web.json_response({"error": {"code": "invalid", "message": "after_epoch and timeout"}}, status=400)
+            return _problem(request, 400, "invalid", "after_epoch and timeout")
         assert self._changed is not None
 
         def newer() -> bool:
@@ -118,6 +123,12 @@ class FakeLocalAgent:
         try:
             report = ValidationReport.model_validate_json(await request.read())
         except ValueError as exc:
-            return web.json_response({"error": {"code": "invalid", "message": str(exc)}}, status=400)
+            return _problem(request, 400, "invalid", str(exc))
         self.reports.append(report)
         return web.Response(status=204)
+
+
+def _problem(request: web.Request, status: int, code: str, detail: str) -> web.Response:
+    """An error answered as the real agent answers it: RFC 9457 problem details."""
+    body = problem_document(status, code, detail, request.path)
+    return web.json_response(body, status=status, content_type=PROBLEM_MEDIA_TYPE)

@@ -17,6 +17,7 @@ from tests.controlplane.conftest import (
     origin_settings,
     publisher,
     role_headers,
+    seed_versions,
 )
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "proxy",
     "publisher",
     "role_headers",
+    "seed_versions",
     "spawn",
     "versions",
 ]

@@ -21,7 +21,7 @@ from aiohttp import web
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.fleet import Fleet
 from tests.agent.peers import chunk_bytes, chunk_request, largest_file, metric, peer_url, start_cache, ticket
-from weightship.testing import FaultProxy
+from weightship.testing import FaultProxy, problem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,7 +85,7 @@ async def test_corrupt_origin_bytes_are_rejected_not_stored_and_reported(
     async with httpx.AsyncClient(timeout=30) as http:
         response = await http.get(url, headers=auth)
         assert response.status_code == 502, response.text
-        assert response.json()["error"]["code"] == "upstream_corrupt"
+        assert problem(response)["code"] == "upstream_corrupt"
         assert not (cache.data_dir / "chunks" / chunk[:2] / chunk).exists()  # nothing stored
         assert metric(base, CORRUPT.format("origin")) == 1
         assert "cache.upstream_corrupt" in cache.log()

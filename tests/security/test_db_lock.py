@@ -19,17 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.controlplane.conftest import (  # noqa: F401  (fixtures)
-    LiveControlPlane,
-    cp_client,
-    cp_settings,
-    cp_state,
-    live_controlplane,
-    problem,
-    role_headers,
-    seed_versions,
-)
+from tests.controlplane.conftest import LiveControlPlane
 from weightship.schemas import Role
+from weightship.testing import problem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,10 +53,10 @@ Write = Callable[[httpx.Client], httpx.Response]
 
 
 def test_writes_to_a_locked_database_answer_503_with_retry_after_promptly(
-    live_controlplane: LiveControlPlane,  # noqa: F811
-    cp_client: httpx.Client,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
-    seed_versions: Any,  # noqa: F811
+    live_controlplane: LiveControlPlane,
+    cp_client: httpx.Client,
+    role_headers: dict[Role, dict[str, str]],
+    seed_versions: Any,
     database_url: str,
 ) -> None:
     seed_versions("llama")

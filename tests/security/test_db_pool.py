@@ -19,17 +19,9 @@ import pytest
 from sqlalchemy import event
 
 from controlplane.state import AppState
-from tests.controlplane.conftest import (  # noqa: F401  (fixtures)
-    LiveControlPlane,
-    cp_client,
-    cp_settings,
-    cp_state,
-    live_controlplane,
-    problem,
-    role_headers,
-    seed_versions,
-)
+from tests.controlplane.conftest import LiveControlPlane
 from weightship.schemas import Role
+from weightship.testing import problem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,7 +29,7 @@ WRITERS = 40
 
 
 @pytest.fixture
-def chat(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]], seed_versions: Any) -> str:  # noqa: F811
+def chat(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]], seed_versions: Any) -> str:
     """Deployment ``chat`` of ``llama`` with its pointer set once (epoch 1) and rolled back once (epoch 2)."""
     seed_versions("llama")
     operator = role_headers[Role.operator]
@@ -67,8 +59,8 @@ def _stale_write(url: str, headers: dict[str, str], index: int, barrier: threadi
 
 
 def test_forty_stale_pointer_writers_get_412_within_a_second_while_reads_stay_prompt(
-    live_controlplane: LiveControlPlane,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    live_controlplane: LiveControlPlane,
+    role_headers: dict[Role, dict[str, str]],
     chat: str,
 ) -> None:
     operator = role_headers[Role.operator]
@@ -110,7 +102,7 @@ def test_forty_stale_pointer_writers_get_412_within_a_second_while_reads_stay_pr
 
 
 @pytest.fixture
-def checkouts_per_thread(cp_state: AppState) -> Iterator[list[str]]:  # noqa: F811
+def checkouts_per_thread(cp_state: AppState) -> Iterator[list[str]]:
     """Records a violation whenever one thread checks out a second pooled connection while holding one."""
     held = threading.local()
     violations: list[str] = []
@@ -133,8 +125,8 @@ def checkouts_per_thread(cp_state: AppState) -> Iterator[list[str]]:  # noqa: F8
 
 
 def test_no_route_holds_two_database_connections_at_once(
-    cp_client: httpx.Client,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    cp_client: httpx.Client,
+    role_headers: dict[Role, dict[str, str]],
     chat: str,
     checkouts_per_thread: list[str],
 ) -> None:
@@ -168,9 +160,9 @@ def test_no_route_holds_two_database_connections_at_once(
 
 
 def test_an_exhausted_pool_answers_503_with_retry_after_promptly(
-    cp_client: httpx.Client,  # noqa: F811
-    cp_state: AppState,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    cp_client: httpx.Client,
+    cp_state: AppState,
+    role_headers: dict[Role, dict[str, str]],
 ) -> None:
     operator = role_headers[Role.operator]
     # every connection the pool may open (pool size plus as many again), with the default timeout

@@ -21,19 +21,10 @@ import httpx
 import pytest
 
 from tests.conftest import ModelMaker
-from tests.controlplane.conftest import (  # noqa: F401  (fixtures)
-    LiveControlPlane,
-    Publisher,
-    cp_client,
-    cp_settings,
-    cp_state,
-    live_controlplane,
-    problem,
-    publisher,
-    role_headers,
-)
+from tests.controlplane.conftest import LiveControlPlane, Publisher
 from weightship.manifest import build_manifest
 from weightship.schemas import INT64_MAX, Role, VersionInfo
+from weightship.testing import problem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,7 +38,7 @@ def database_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def node_id(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]]) -> str:  # noqa: F811
+def node_id(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]]) -> str:
     """A registered node."""
     response = cp_client.post("/v1/nodes/register", json={"name": "gpu-1"}, headers=role_headers[Role.admin])
     assert response.status_code == 200, response.text
@@ -83,8 +74,8 @@ def _declare_only(url: str, method: str, path: str, headers: dict[str, str], dec
     ],
 )
 def test_a_body_declared_over_its_route_limit_is_refused_before_it_is_sent(
-    live_controlplane: LiveControlPlane,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    live_controlplane: LiveControlPlane,
+    role_headers: dict[Role, dict[str, str]],
     node_id: str,
     method: str,
     path: str,
@@ -117,8 +108,8 @@ def _stream(total: int, piece: int = 64 * 1024) -> Iterator[bytes]:
     ],
 )
 def test_a_chunked_body_streaming_past_its_limit_is_refused_and_nothing_is_stored(
-    cp_client: httpx.Client,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    cp_client: httpx.Client,
+    role_headers: dict[Role, dict[str, str]],
     node_id: str,
     path: str,
     role: Role,
@@ -133,8 +124,8 @@ def test_a_chunked_body_streaming_past_its_limit_is_refused_and_nothing_is_store
 
 
 def test_a_heartbeat_of_a_large_but_real_node_is_accepted(
-    cp_client: httpx.Client,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    cp_client: httpx.Client,
+    role_headers: dict[Role, dict[str, str]],
     node_id: str,
 ) -> None:
     inventory = [
@@ -148,7 +139,7 @@ def test_a_heartbeat_of_a_large_but_real_node_is_accepted(
 
 
 def test_a_part_upload_still_takes_a_whole_chunk_far_over_the_default_limit(
-    publisher: Publisher,  # noqa: F811
+    publisher: Publisher,
     make_model: ModelMaker,
 ) -> None:
     root = make_model("big", tensors_mb=3.0)
@@ -192,8 +183,8 @@ TOO_BIG = INT64_MAX + 1
     ],
 )
 def test_integers_beyond_64_bits_are_422_not_500(
-    cp_client: httpx.Client,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    cp_client: httpx.Client,
+    role_headers: dict[Role, dict[str, str]],
     node_id: str,
     what: str,
     method: str,
@@ -206,8 +197,8 @@ def test_integers_beyond_64_bits_are_422_not_500(
 
 
 def test_a_huge_part_number_is_a_client_error(
-    cp_client: httpx.Client,  # noqa: F811
-    role_headers: dict[Role, dict[str, str]],  # noqa: F811
+    cp_client: httpx.Client,
+    role_headers: dict[Role, dict[str, str]],
 ) -> None:
     response = cp_client.put(
         f"/v1/uploads/up_x/blobs/{'a' * 64}/parts/{TOO_BIG}", content=b"x", headers=role_headers[Role.publisher]

@@ -10,6 +10,7 @@ import pytest
 from agent.tracker import Tracker
 from tests.agent.tracker_parts import Signer, tracker_server
 from weightship.manifest import Manifest
+from weightship.testing import problem
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,6 +47,8 @@ async def test_announce_is_refused_unless_the_ticket_names_the_node_and_version(
         async with httpx.AsyncClient() as client:
             response = await client.post(f"{url}/v1/tracker/announce", json=body, headers=headers)
         assert response.status_code == status, response.text
+        if status != 204:
+            assert problem(response)["status"] == status
         assert tracker.holders(V, 0) == ({"alice"} if status == 204 else set())
     finally:
         await runner.cleanup()

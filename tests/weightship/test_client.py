@@ -85,7 +85,18 @@ def _error(status: int, code: str, message: str) -> httpx.Response:
             weightship.publishing,
             {"PublishProgress", "PublishResult", "SilentProgress", "UploadAPI", "directory_size", "publish_directory"},
         ),
-        (weightship.problems, {"MAX_RETRY_AFTER", "error_from_response", "retry_after"}),
+        (
+            weightship.problems,
+            {
+                "MAX_RETRY_AFTER",
+                "PROBLEM_MEDIA_TYPE",
+                "error_from_response",
+                "error_problem",
+                "problem_document",
+                "retry_after",
+                "status_title",
+            },
+        ),
         (
             weightship.http,
             {

@@ -7,6 +7,7 @@
 - ``FaultProxy``: a proxy in front of the control plane's blob route that corrupts, delays or
   holds the answers a test selects (a misbehaving network, CDN or cache);
 - ``kill9`` / ``terminate``: end a process a test started, as a crash or cleanly.
+- ``problem``: the RFC 9457 problem details of an error answer, checked for every member.
 
 Nothing here imitates weightship's own components: tests run the real control plane and agent.
 """
@@ -14,6 +15,7 @@ Nothing here imitates weightship's own components: tests run the real control pl
 from __future__ import annotations
 
 from weightship.testing.origins import TEST_CHUNK, FaultProxy, Origin, Served
+from weightship.testing.problems import problem
 from weightship.testing.processes import kill9, terminate
 from weightship.testing.waiting import NOT_YET, eventually, eventually_async, free_port, wait_for_port
 
@@ -27,6 +29,7 @@ __all__ = [
     "eventually_async",
     "free_port",
     "kill9",
+    "problem",
     "terminate",
     "wait_for_port",
 ]
