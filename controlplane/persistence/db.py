@@ -18,6 +18,8 @@ Tables and what they promise:
   plane (or a store checksum covering exactly those digests) verified every byte of the blob under
   that geometry; never updated. A manifest naming a known blob at a known chunk size must state
   exactly this list.
+- ``preheats``: standing preheats (a version staged on the nodes a selector matches) until deleted;
+  ``deployments.warm_pool`` is a deployment's warm-pool selector (``controlplane.staging``).
 - ``ticket_keys``: the ed25519 keys that sign entitlement tickets (``controlplane.tickets``); the
   newest not retired signs, all not retired are published. Shared by every replica.
 
@@ -74,6 +76,7 @@ __all__ = [
     "ModelRow",
     "NodeRow",
     "PointerEventRow",
+    "PreheatRow",
     "QueryCounter",
     "TicketKeyRow",
     "TokenRow",
@@ -181,6 +184,23 @@ class DeploymentRow(Base):
     canary_share: Mapped[float] = mapped_column(Float, default=0.0)
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    #: the warm pool's node selector (label -> value), or NULL: no warm pool
+    warm_pool: Mapped[dict[str, str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+
+
+class PreheatRow(Base):
+    """A standing preheat: stage ``digest`` on the nodes ``selector`` matches until it is cancelled."""
+
+    __tablename__ = "preheats"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    deployment: Mapped[str] = mapped_column(ForeignKey("deployments.name"), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(ForeignKey("versions.digest"))
+    #: the ref it was asked with (label or digest), for display
+    version: Mapped[str] = mapped_column(String(200))
+    selector: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128))
 
 
 class PointerEventRow(Base):
