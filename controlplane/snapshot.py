@@ -128,14 +128,15 @@ class Snapshots:
         self._placements[node_id] = placement
         return identity
 
-    async def ensure_staging(self) -> None:
-        """Make sure the staging view is held (read once per process; the change feed keeps it current)."""
-        while self._staging is None:
+    async def ensure_staging(self, *, fresh: bool = False) -> None:
+        """Make sure the staging view is held: read once per process (and on ``fresh``); the change feed keeps it current."""
+        while fresh or self._staging is None:
             generation = self._generation
             view = await run_in_threadpool(read_view, self._sessions)
-            if generation == self._generation and self._staging is None:
-                self._staging = view
-            # Otherwise a change was announced while we read: the view may predate it; read again.
+            if generation == self._generation:
+                self._store_staging(view)
+                return
+            # A change was announced while we read: the view may predate it; read again.
 
     def stage(self, node_id: str) -> tuple[StagedVersion, ...]:
         """What node ``node_id`` (asked about with ``node`` first) must stage, per the view held (after ``ensure_staging``)."""

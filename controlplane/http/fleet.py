@@ -106,7 +106,7 @@ async def desired(
     fresh = after is None
     name, names = await snapshots.node(node_id, fresh=fresh)
     await snapshots.ensure(names, fresh=fresh)
-    await snapshots.ensure_staging()
+    await snapshots.ensure_staging(fresh=fresh)
     gauge = state.metrics.long_polls_waiting
     while True:
         # Watch before computing: nothing can change between the two (no await), so no wake is lost.
