@@ -49,6 +49,8 @@ __all__ = [
     "check_selector",
     "matches",
     "read_view",
+    "staged_digests",
+    "view_of",
     "with_stage",
 ]
 
@@ -122,27 +124,40 @@ class StagingView:
 def read_view(sessions: sessionmaker[Session]) -> StagingView:
     """Read every preheat and warm pool (two small queries in one session)."""
     with sessions() as session:
-        preheats = tuple(
-            sorted(
-                {
-                    Preheated(r.model, r.digest, tuple(sorted((r.selector or {}).items())))
-                    for r in session.scalars(select(PreheatRow))
-                },
-                key=lambda p: (p.digest, p.selector),
-            )
+        return view_of(session)
+
+
+def view_of(session: Session) -> StagingView:
+    """Every preheat and warm pool, read in ``session``."""
+    preheats = tuple(
+        sorted(
+            {
+                Preheated(r.model, r.digest, tuple(sorted((r.selector or {}).items())))
+                for r in session.scalars(select(PreheatRow))
+            },
+            key=lambda p: (p.digest, p.selector),
         )
-        pools = tuple(
-            WarmPoolView(
-                deployment=row.name,
-                model=row.model,
-                digests=tuple(dict.fromkeys(d for d in (row.stable, row.canary) if d is not None)),
-                selector=tuple(sorted((row.warm_pool or {}).items())),
-            )
-            for row in session.scalars(
-                select(DeploymentRow).where(DeploymentRow.warm_pool.is_not(None)).order_by(DeploymentRow.name)
-            )
+    )
+    pools = tuple(
+        WarmPoolView(
+            deployment=row.name,
+            model=row.model,
+            digests=tuple(dict.fromkeys(d for d in (row.stable, row.canary) if d is not None)),
+            selector=tuple(sorted((row.warm_pool or {}).items())),
         )
+        for row in session.scalars(
+            select(DeploymentRow).where(DeploymentRow.warm_pool.is_not(None)).order_by(DeploymentRow.name)
+        )
+    )
     return StagingView(preheats=preheats, pools=pools)
+
+
+def staged_digests(session: Session, labels: Mapping[str, str], role: str) -> set[str]:
+    """The versions staging asks of a node (for its tickets); a cache: every preheated version (it pins them)."""
+    view = view_of(session)
+    if role == "cache":
+        return {p.digest for p in view.preheats}
+    return {s.digest for s in view.stage_for(labels, role)}
 
 
 def with_stage(revision: str, deployments: bytes, stage: tuple[StagedVersion, ...]) -> tuple[str, bytes]:
