@@ -134,6 +134,8 @@ class Snapshots:
             generation = self._generation
             view = await run_in_threadpool(read_view, self._sessions)
             if generation == self._generation:
+                # read after every change announced so far: no re-read is owed any more
+                self._staging_dirty = False
                 self._store_staging(view)
                 return
             # A change was announced while we read: the view may predate it; read again.
