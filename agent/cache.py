@@ -5,7 +5,9 @@ A cache is the agent run with ``--role cache``: no deployments of its own, a pee
 
 1. **What it knows.** Every ``refresh_seconds`` it lists the serving pointers
    (``GET /v1/deployments``) and reads the manifest of every version they name (stable, previous
-   stable, canary). Those versions' chunks are *pinned* in the ``ChunkStore``; a request for a
+   stable, canary) or a standing preheat stages (``preheated``). Those versions' chunks are
+   *pinned* in the ``ChunkStore`` (a preheated version is warmed by the nodes that pull it
+   through the cache: the first request of each chunk fetches it once); a request for a
    version it does not know makes it re-read once (at most every ``refresh_seconds``), then 404.
    The manifest also tells it where chunk ``index`` of ``blob`` lies, and refuses (409) a request
    whose (blob, index) is not that chunk.
@@ -151,7 +153,7 @@ class ReadThroughCache:
             named = {
                 digest: d.model
                 for d in await self.source.deployments()
-                for digest in (d.stable, d.previous_stable, d.canary)
+                for digest in (d.stable, d.previous_stable, d.canary, *d.preheated)
                 if digest is not None
             }
             for digest, model in named.items():

@@ -27,6 +27,12 @@ A digest is fetched once however many deployments want it (single flight), and a
 is no longer wanted is cancelled (its verified chunks stay in staging for later). Once every
 deployment's served version is ready, the other versions in ``keep`` (previous stable, canary)
 are prefetched one at a time, so a rollback or a promotion downloads nothing.
+
+**Staged versions** (the desired state's ``stage``: a preheat or a warm pool) are fetched and
+verified the same way, one at a time after the served and kept versions, protected from
+eviction while they are named, and reported in the inventory like any version on disk
+(``ready`` = verified here); they are never linked as ``current``: nothing serves them until a
+pointer names them, and then the switch downloads nothing.
 Decisions run on the event loop; every disk write (epochs, ``current`` links, the LRU record,
 evictions) goes to a worker pool (``state_executor``), so local-API requests and heartbeats never
 wait behind an fsync. Writes of the epoch book are made one at a time (an ``asyncio.Lock``, which
@@ -55,7 +61,7 @@ from agent.store import VersionStore
 from weightship.backoff import DelaySequence
 from weightship.errors import DiskFullError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event
-from weightship.schemas import DesiredState, FetchFailure, FetchProblem, VersionInventory, VersionState
+from weightship.schemas import DesiredState, FetchFailure, FetchProblem, StagedVersion, VersionInventory, VersionState
 
 __all__ = ["Reconciler", "Target"]
 
@@ -174,6 +180,8 @@ class Reconciler:
         self.corrupt_retry = corrupt_retry
         self.on_change = on_change
         self._targets: dict[str, Target] = {}
+        #: versions to hold verified without serving, by digest -> model
+        self._stage: dict[str, str] = {}
         self._versions: dict[str, _Version] = {}
         self._refused: deque[str] = deque(maxlen=MAX_REFUSED)
         self._refused_seen: set[tuple[str, int, str | None]] = set()
@@ -205,7 +213,19 @@ class Reconciler:
             if self._targets.get(target.name) != target:
                 self._retry_now(target)
         self._targets = targets
+        self._apply_stage(desired.stage)
         self._wake.set()
+
+    def _apply_stage(self, stage: list[StagedVersion]) -> None:
+        staged = {s.digest: s.model for s in stage}
+        if staged != self._stage:
+            for digest in staged.keys() - self._stage.keys():
+                version = self._versions.get(digest)
+                if version is not None and not version.running and version.error is not None:
+                    version.retry_at = 0.0  # newly asked for: a failed fetch is retried at once
+                    version.retry_wall = None
+            event(log, "stage.received", versions=",".join(sorted(staged)) or "none")
+        self._stage = staged
 
     def _retry_now(self, target: Target) -> None:
         """A new desired state names these versions: a failed fetch of any of them is retried at once."""
@@ -246,7 +266,7 @@ class Reconciler:
             if target.digest:
                 found.add(target.digest)
             found.update(target.keep)
-        return found | self.active()
+        return found | set(self._stage) | self.active()
 
     def active(self) -> set[str]:
         """Digests being fetched right now."""
@@ -330,6 +350,12 @@ class Reconciler:
                     if not self.store.is_ready(digest) and self._want(model, digest, now):
                         break
             wanted |= {d for _m, d in kept}
+        staged = [(model, d) for d, model in self._stage.items() if d not in wanted]
+        if not serving_fetches and not any(self._versions[d].running for d in wanted if d in self._versions):
+            for model, digest in staged:  # one at a time, after what is served and kept
+                if not self.store.is_ready(digest) and self._want(model, digest, now):
+                    break
+        wanted |= {d for _m, d in staged}
         for digest, version in list(self._versions.items()):
             if digest not in wanted:
                 if version.running:

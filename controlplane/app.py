@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
     from controlplane import tokens
     from controlplane.http import deployments, fleet, publish, registry, rollouts
+    from controlplane.http import preheats as preheat_routes
     from controlplane.http import tickets as ticket_routes
     from controlplane.http import tokens as token_routes
     from controlplane.persistence import migrate
@@ -133,7 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body = await run_in_threadpool(generate_latest, state.metrics_registry)  # the fleet gauges query the database
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    for module in (publish, registry, deployments, fleet, token_routes, ticket_routes, rollouts):
+    for module in (publish, registry, deployments, fleet, token_routes, ticket_routes, rollouts, preheat_routes):
         problems.document(module.router)
         app.include_router(module.router)
     return app

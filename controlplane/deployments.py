@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -39,6 +40,7 @@ from sqlalchemy.orm import Session
 from controlplane.notify import DEPLOYMENTS
 from controlplane.persistence.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, database_errors, utcnow
 from controlplane.registry import resolve_version
+from controlplane.staging import check_selector
 from controlplane.state import AppState
 from weightship.errors import (
     ConflictError,
@@ -53,6 +55,7 @@ from weightship.schemas import (
     PointerEvent,
     PointerUpdate,
     RollbackRequest,
+    WarmPool,
 )
 
 __all__ = [
@@ -117,8 +120,8 @@ def parse_if_match(value: str | None, deployment: str) -> int:
     return int(match.group(1) or match.group(2))
 
 
-def to_schema(row: DeploymentRow) -> Deployment:
-    """A deployment row as the API shows it."""
+def to_schema(row: DeploymentRow, preheated: Sequence[str] = ()) -> Deployment:
+    """A deployment row as the API shows it (``preheated``: the digests its standing preheats stage)."""
     return Deployment(
         name=row.name,
         model=row.model,
@@ -128,6 +131,8 @@ def to_schema(row: DeploymentRow) -> Deployment:
         canary_share=row.canary_share,
         epoch=row.epoch,
         updated_at=row.updated_at,
+        warm_pool=WarmPool(selector=row.warm_pool) if row.warm_pool is not None else None,
+        preheated=list(preheated),
     )
 
 
@@ -369,6 +374,8 @@ def roll_back(state: AppState, name: str, expected: int | None, body: RollbackRe
 
 
 def new_deployment(state: AppState, body: DeploymentCreate) -> Deployment:
+    pool = body.warm_pool
+    warm_pool = dict(check_selector(pool.selector, f"warm pool of deployment {body.name!r}")) if pool else None
     row = DeploymentRow(
         name=body.name,
         model=body.model,
@@ -379,6 +386,7 @@ def new_deployment(state: AppState, body: DeploymentCreate) -> Deployment:
         epoch=0,
         updated_at=utcnow(),
         publisher_rollouts=body.publisher_rollouts or None,
+        warm_pool=warm_pool,
     )
     with state.sessions() as session:
         if session.get(ModelRow, body.model) is None:

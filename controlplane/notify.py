@@ -5,6 +5,8 @@ Whatever a parked request waits for (a serving pointer moving, a token being rev
 
 - ``deployments``: some serving pointer changed; every process re-reads the deployments its
   parked long-polls watch (one query per process, however many polls are parked).
+- ``staging``: a preheat or a warm pool changed (``controlplane.staging``); every process re-reads
+  its staging view and wakes the polls of the nodes whose ``stage`` moved.
 - ``token:<id>``: token ``<id>`` was revoked; every process drops it from its auth cache.
 - ``resync``: delivered locally only, when the watcher (re)connects: notifications may have been
   missed, so caches are dropped and snapshots re-read.
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-__all__ = ["CHANNEL", "DEPLOYMENTS", "RESYNC", "ChangeFeed", "token_topic"]
+__all__ = ["CHANNEL", "DEPLOYMENTS", "RESYNC", "STAGING", "ChangeFeed", "token_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 CHANNEL = "weightship_changes"
 DEPLOYMENTS = "deployments"
 RESYNC = "resync"
+STAGING = "staging"
 _TOKEN_PREFIX = "token:"  # noqa: S105 - a topic prefix, not a secret
 #: how long the listener waits for a notification before checking its connection is alive
 _LISTEN_CHECK_SECONDS = 30.0

@@ -13,7 +13,11 @@ database read per process, not one per node. So each process keeps:
 - **waiters**: for each deployment, the futures of the long-polls parked on it. A refresh that
   finds a deployment's pointer changed resolves exactly that deployment's futures; those polls
   recompute their desired state in memory and answer if their revision moved (a node outside a
-  canary subset that did not move goes back to waiting). Polls on other deployments never wake.
+  canary subset that did not move goes back to waiting). Polls on other deployments never wake;
+- **staging** (``controlplane.staging``): every preheat and warm pool, read on the first poll that
+  needs it and re-read on ``staging`` (and, while a warm pool exists, ``deployments``), plus each
+  node's labels and role (read with its identity). A refresh that changes the view wakes exactly
+  the parked polls of nodes whose ``stage`` it changed.
 
 Rows only move forward: a read that started before a change and lands after it (older epoch) is
 dropped, and a first read overlapping any announced change is repeated, so a snapshot never
@@ -31,9 +35,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.notify import DEPLOYMENTS, RESYNC
+from controlplane.notify import DEPLOYMENTS, RESYNC, STAGING
 from controlplane.persistence.db import DeploymentRow, NodeRow
+from controlplane.staging import StagingView, read_view
 from weightship.errors import NotFoundError
+from weightship.schemas import StagedVersion
 
 __all__ = [
     "MAX_DEPLOYMENTS",
@@ -54,6 +60,8 @@ MAX_NODES = 200_000
 
 #: a node's name and the deployments it serves, in its registration's order
 NodeIdentity = tuple[str, tuple[str, ...]]
+#: a node's labels and role: what staging selectors look at
+Placement = tuple[dict[str, str], str]
 
 
 def _pointer(row: DeploymentRow | None) -> tuple[Any, ...] | None:
@@ -77,12 +85,12 @@ def unknown_node(node_id: str) -> NotFoundError:
     )
 
 
-def _read_node(sessions: sessionmaker[Session], node_id: str) -> NodeIdentity:
+def _read_node(sessions: sessionmaker[Session], node_id: str) -> tuple[NodeIdentity, Placement]:
     with sessions() as session:
         row = session.get(NodeRow, node_id)
         if row is None:
             raise unknown_node(node_id)
-        return row.name, tuple(row.deployments)
+        return (row.name, tuple(row.deployments)), (dict(row.labels or {}), row.role)
 
 
 class Snapshots:
@@ -93,7 +101,13 @@ class Snapshots:
         #: None: asked about, but no such deployment (yet)
         self._rows: dict[str, DeploymentRow | None] = {}
         self._nodes: dict[str, NodeIdentity] = {}
+        self._placements: dict[str, Placement] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        #: node id -> its parked polls, woken when a staging change moves that node's ``stage``
+        self._node_waiters: dict[str, set[asyncio.Future[None]]] = {}
+        #: None until a poll needs it
+        self._staging: StagingView | None = None
+        self._staging_dirty = False
         #: bumped by every announced change, so a first read overlapping one is repeated
         self._generation = 0
         self._dirty = False
@@ -104,12 +118,35 @@ class Snapshots:
     async def node(self, node_id: str, *, fresh: bool) -> NodeIdentity:
         """Name and deployments of node ``node_id``; ``fresh`` reads the database, else the snapshot if any."""
         found = None if fresh else self._nodes.get(node_id)
-        if found is None:
-            found = await run_in_threadpool(_read_node, self._sessions, node_id)
-            if len(self._nodes) >= MAX_NODES:
-                self._nodes.clear()
-            self._nodes[node_id] = found
-        return found
+        if found is not None and node_id in self._placements:
+            return found
+        identity, placement = await run_in_threadpool(_read_node, self._sessions, node_id)
+        if len(self._nodes) >= MAX_NODES:
+            self._nodes.clear()
+            self._placements.clear()
+        self._nodes[node_id] = identity
+        self._placements[node_id] = placement
+        return identity
+
+    async def ensure_staging(self, *, fresh: bool = False) -> None:
+        """Make sure the staging view is held: read once per process (and on ``fresh``); the change feed keeps it current."""
+        while fresh or self._staging is None:
+            generation = self._generation
+            view = await run_in_threadpool(read_view, self._sessions)
+            if generation == self._generation:
+                # read after every change announced so far: no re-read is owed any more
+                self._staging_dirty = False
+                self._store_staging(view)
+                return
+            # A change was announced while we read: the view may predate it; read again.
+
+    def stage(self, node_id: str) -> tuple[StagedVersion, ...]:
+        """What node ``node_id`` (asked about with ``node`` first) must stage, per the view held (after ``ensure_staging``)."""
+        return () if self._staging is None else self._stage_of(self._staging, node_id)
+
+    def _stage_of(self, view: StagingView, node_id: str) -> tuple[StagedVersion, ...]:
+        placement = self._placements.get(node_id)
+        return () if placement is None else view.stage_for(*placement)
 
     async def ensure(self, names: Iterable[str], *, fresh: bool = False) -> None:
         """Make sure the snapshot holds ``names`` (one read for all that are missing, or for all when ``fresh``)."""
@@ -128,15 +165,23 @@ class Snapshots:
         """The snapshot's rows of those of ``names`` that exist."""
         return [row for row in (self._rows.get(n) for n in names) if row is not None]
 
-    def watch(self, names: Iterable[str]) -> asyncio.Future[None]:
-        """A future resolved when the pointer of any of ``names`` changes; ``unwatch`` it when done."""
+    def watch(self, names: Iterable[str], node_id: str | None = None) -> asyncio.Future[None]:
+        """A future resolved when the pointer of any of ``names`` (or ``node_id``'s stage) changes; ``unwatch`` it."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         for name in names:
             self._waiters.setdefault(name, set()).add(future)
+        if node_id is not None:
+            self._node_waiters.setdefault(node_id, set()).add(future)
         return future
 
-    def unwatch(self, names: Iterable[str], future: asyncio.Future[None]) -> None:
-        """Stop ``future`` waiting on ``names``."""
+    def unwatch(self, names: Iterable[str], future: asyncio.Future[None], node_id: str | None = None) -> None:
+        """Stop ``future`` waiting on ``names`` (and ``node_id``'s stage)."""
+        if node_id is not None:
+            by_node = self._node_waiters.get(node_id)
+            if by_node is not None:
+                by_node.discard(future)
+                if not by_node:
+                    del self._node_waiters[node_id]
         for name in names:
             waiting = self._waiters.get(name)
             if waiting is not None:
@@ -154,6 +199,10 @@ class Snapshots:
         """Change-feed listener: pointers changed (or may have): re-read them, once per burst."""
         if topic == RESYNC:
             self._nodes.clear()
+            self._staging_dirty = True
+        elif topic == STAGING or (topic == DEPLOYMENTS and self._staging is not None and self._staging.pools):
+            # a warm pool follows its deployment's pointer, so a pointer move may move the view too
+            self._staging_dirty = True
         elif topic != DEPLOYMENTS:
             return
         self._generation += 1
@@ -168,17 +217,30 @@ class Snapshots:
     async def refresh(self) -> None:
         """Re-read every snapshotted deployment now, in one query, and wake the polls of those that moved."""
         names = list(self._rows)
-        if not names:
-            return
-        rows = await run_in_threadpool(_read_deployments, self._sessions, names)
-        for name in names:
-            if name in self._rows:
-                self._store(name, rows.get(name))
+        if names:
+            rows = await run_in_threadpool(_read_deployments, self._sessions, names)
+            for name in names:
+                if name in self._rows:
+                    self._store(name, rows.get(name))
+        if self._staging_dirty and self._staging is not None:
+            self._staging_dirty = False
+            self._store_staging(await run_in_threadpool(read_view, self._sessions))
 
     def recheck(self) -> None:
         """Re-read what parked polls watch, if any are parked (call every ``RECHECK_SECONDS``)."""
-        if self._waiters:
+        if self._waiters or self._node_waiters:
+            self._staging_dirty = True
             self.request_refresh()
+
+    def _store_staging(self, view: StagingView) -> None:
+        old, self._staging = self._staging, view
+        if old is None or old == view:
+            return
+        for node_id in list(self._node_waiters):
+            if self._stage_of(old, node_id) != self._stage_of(view, node_id):
+                for future in self._node_waiters.pop(node_id, ()):
+                    if not future.done():
+                        future.set_result(None)
 
     async def _refresh_while_dirty(self) -> None:
         while self._dirty:

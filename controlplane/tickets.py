@@ -10,7 +10,10 @@ format and its checks are ``weightship.tickets``.
 
 - role ``node``: some deployment the node registered for names it in its pointer (stable,
   previous stable or canary: the versions it keeps on disk);
-- role ``cache``: any deployment's pointer names it (a cache serves the whole cluster or region).
+- role ``cache``: any deployment's pointer names it (a cache serves the whole cluster or region);
+- either role: staging asks it of the node (``controlplane.staging``: a preheat or a warm pool
+  matching the node; a cache, any preheated version), so staged versions come through peers and
+  caches too.
 
 Anything else in the request refuses the whole request (403), naming the versions refused, so a
 node never holds a ticket wider than it should and a bug asking for too much is loud. Only node
@@ -34,6 +37,7 @@ from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
 from controlplane.persistence.db import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
+from controlplane.staging import staged_digests
 from controlplane.state import AppState, SigningKeys
 from weightship.errors import ForbiddenError, NotFoundError
 from weightship.schemas import TicketGrant
@@ -105,13 +109,14 @@ def signing_key(state: AppState) -> SigningKeys:
 
 
 def entitled_versions(session: Session, node: NodeRow) -> set[str]:
-    """Every version some pointer the node may fetch for names (before the ready check)."""
+    """Every version some pointer the node may fetch for names, or staging asks of it (before the ready check)."""
+    staged = staged_digests(session, node.labels or {}, node.role)
     query = select(DeploymentRow)
     if node.role != "cache":
         if not node.deployments:
-            return set()
+            return staged
         query = query.where(DeploymentRow.name.in_(list(node.deployments)))
-    return {
+    return staged | {
         digest
         for row in session.scalars(query)
         for digest in (row.stable, row.previous_stable, row.canary)

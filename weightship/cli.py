@@ -33,11 +33,11 @@ from weightship.cli_runtime import Run as _Run
 from weightship.cli_runtime import command as _command
 from weightship.cli_runtime import out as _out
 from weightship.cli_runtime import run_of as _run
-from weightship.client import DEFAULT_URL, Backoff
-from weightship.errors import PreconditionFailed, ValidationError
+from weightship.client import DEFAULT_URL, Backoff, Client
+from weightship.errors import ConflictError, NotFoundError, PreconditionFailed, TemporaryError, ValidationError
 from weightship.manifest import check_manifest_bytes, parse_manifest
 from weightship.rollout_cli import rollout_app
-from weightship.schemas import Role
+from weightship.schemas import Preheat, Role
 from weightship.sizes import parse_size
 
 __all__ = ["EXIT_CODES", "CliSeams", "app", "main"]
@@ -206,12 +206,55 @@ def deploy_create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)],
     model: Annotated[str, typer.Option("--model", "-m", help="Model it serves.", show_default=False)],
+    warm_pool: Annotated[
+        str | None,
+        typer.Option(
+            "--warm-pool",
+            metavar="LABELS",
+            help="Warm pool: nodes matching k=v,... keep stable and canary staged ('*': every node).",
+        ),
+    ] = None,
 ) -> None:
     """Create deployment NAME of a model; it serves nothing until `deploy set`."""
     run = _run(ctx)
+    pool = _parse_selector(warm_pool, "--warm-pool") if warm_pool is not None else None
     with run.client() as client:
-        created = client.create_deployment(name, model)
+        created = client.create_deployment(name, model, warm_pool=pool)
     _out(run, created, lambda: display.deployment_table(created))
+
+
+@deploy_app.command("warm-pool")
+@_command
+def deploy_warm_pool(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)],
+    selector: Annotated[
+        str | None,
+        typer.Option("--selector", metavar="LABELS", help="Nodes matching k=v,... ('*': every node).", show_default=False),
+    ] = None,
+    off: Annotated[bool, typer.Option("--off", help="Drop the warm pool.")] = False,
+) -> None:
+    """Declare NAME's warm pool: matching nodes keep its stable and canary versions staged, not served."""
+    run = _run(ctx)
+    if (selector is None) == (not off):
+        raise ValidationError("give either --selector k=v,... or --off")
+    pool = _parse_selector(selector, "--selector") if selector is not None else None
+    with run.client() as client:
+        changed = client.set_warm_pool(name, pool)
+    _out(run, changed, lambda: display.deployment_table(changed))
+
+
+def _parse_selector(text: str, flag: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (or ``*``, or empty: every node) as a selector."""
+    found: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part or part == "*":
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValidationError(f"{flag} takes node labels as k=v,... (e.g. {flag} cluster=c1,gpu_type=h100); got {part!r}")
+        found[key.strip()] = value.strip()
+    return found
 
 
 @deploy_app.command("list")
@@ -320,6 +363,70 @@ def status(
     with run.client() as client:
         found = client.deployment_status(deployment)
     _out(run, found, lambda: display.status_view(found))
+
+
+@app.command()
+@_command
+def preheat(
+    ctx: typer.Context,
+    deployment: Annotated[str, typer.Argument(help="Deployment name.", show_default=False)],
+    version: Annotated[
+        str | None, typer.Argument(help="Version to stage: label or sha256 digest.", show_default=False)
+    ] = None,
+    selector: Annotated[
+        str | None,
+        typer.Option("--selector", metavar="LABELS", help="Only nodes matching k=v,... (default: every node)."),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until every matched node holds it verified.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Longest --wait, in seconds.")] = 3600,
+    list_them: Annotated[bool, typer.Option("--list", help="List DEPLOYMENT's preheats with progress.")] = False,
+    cancel: Annotated[str | None, typer.Option("--cancel", metavar="ID", help="Cancel preheat ID.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")] = False,
+) -> None:
+    """Stage VERSION on DEPLOYMENT's nodes (and any matching node) without switching; --list, --cancel ID."""
+    run = _run(ctx)
+    run.json = run.json or json_output
+    if sum((version is not None, list_them, cancel is not None)) != 1:
+        raise ValidationError("give exactly one of VERSION, --list or --cancel ID")
+    with run.client() as client:
+        if cancel is not None:
+            client.cancel_preheat(deployment, cancel)
+            _out(run, {"cancelled": cancel}, lambda: Text(f"preheat {cancel} of {deployment} cancelled"))
+            return
+        if version is None:
+            found = client.list_preheats(deployment)
+            _out(run, found, lambda: display.preheats_table(deployment, found))
+            return
+        made = client.preheat(deployment, version, _parse_selector(selector or "", "--selector"))
+        if wait:
+            made = _wait_staged(run, client, deployment, made, timeout)
+    _out(run, made, lambda: display.preheats_table(deployment, [made]))
+
+
+def _wait_staged(run: _Run, client: Client, deployment: str, made: Preheat, timeout: float) -> Preheat:
+    """Poll the preheat's progress until every matched node staged it (or one failed, or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = next((p for p in client.list_preheats(deployment) if p.id == made.id), None)
+        if now is None:
+            raise NotFoundError(f"preheat {made.id} of {deployment} was cancelled while waiting")
+        if now.nodes_failed:
+            raise ConflictError(
+                f"preheat {now.id} of {deployment}: {now.nodes_failed} of {now.nodes_matched} nodes failed to stage "
+                f"{now.digest}; see 'weightship nodes' and retry with 'weightship preheat {deployment} {now.version}'"
+            )
+        if now.nodes_staged >= now.nodes_matched:
+            return now
+        if time.monotonic() >= deadline:
+            raise TemporaryError(
+                f"preheat {now.id} of {deployment}: {now.nodes_staged} of {now.nodes_matched} nodes staged after "
+                f"{timeout:.0f} s; it still stands: follow it with 'weightship preheat {deployment} --list'"
+            )
+        if not run.json:
+            display.console(stderr=True).print(
+                f"staged on {now.nodes_staged}/{now.nodes_matched} nodes ({now.nodes_fetching} fetching)"
+            )
+        run.seams.sleep(1.0)
 
 
 @app.command()

@@ -45,6 +45,8 @@ from weightship.schemas import (
     PartUpload,
     PointerEvent,
     PointerUpdate,
+    Preheat,
+    PreheatCreate,
     Role,
     RollbackRequest,
     Rollout,
@@ -57,6 +59,7 @@ from weightship.schemas import (
     UploadCreate,
     UploadSession,
     VersionInfo,
+    WarmPool,
 )
 
 __all__ = ["DEFAULT_URL", "Backoff", "Client"]
@@ -209,10 +212,31 @@ class Client:
 
     # --- deployments ---------------------------------------------------------------------------
 
-    def create_deployment(self, name: str, model: str) -> Deployment:
-        """Create a deployment of ``model``; it serves nothing until its pointer is set."""
-        body = DeploymentCreate(name=name, model=model)
+    def create_deployment(self, name: str, model: str, *, warm_pool: dict[str, str] | None = None) -> Deployment:
+        """Create a deployment of ``model`` (with a warm pool's node selector); it serves nothing until its pointer is set."""
+        pool = WarmPool(selector=warm_pool) if warm_pool is not None else None
+        body = DeploymentCreate(name=name, model=model, warm_pool=pool)
         return parse(Deployment, self.session.send("POST", "/v1/deployments", json=body))
+
+    def set_warm_pool(self, name: str, selector: dict[str, str] | None) -> Deployment:
+        """Declare the warm pool of ``name`` (nodes matching ``selector`` keep stable and canary staged); ``None`` drops it."""
+        path = f"/v1/deployments/{segment(name)}/warm-pool"
+        if selector is None:
+            return parse(Deployment, self.session.send("DELETE", path))
+        return parse(Deployment, self.session.send("PUT", path, json=WarmPool(selector=selector)))
+
+    def preheat(self, name: str, version: str, selector: dict[str, str] | None = None) -> Preheat:
+        """Stage ``version`` (label or digest) of ``name``'s model on the nodes ``selector`` matches, without switching."""
+        body = PreheatCreate(version=version, selector=selector or {})
+        return parse(Preheat, self.session.send("POST", f"/v1/deployments/{segment(name)}/preheats", json=body))
+
+    def list_preheats(self, name: str) -> list[Preheat]:
+        """The standing preheats of ``name`` with their progress."""
+        return self._list(f"/v1/deployments/{segment(name)}/preheats", Preheat)
+
+    def cancel_preheat(self, name: str, preheat_id: str) -> None:
+        """Cancel a preheat of ``name``."""
+        self.session.send("DELETE", f"/v1/deployments/{segment(name)}/preheats/{segment(preheat_id)}")
 
     def list_deployments(self) -> list[Deployment]:
         """Every deployment's pointer."""

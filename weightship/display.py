@@ -9,7 +9,7 @@ terminal ``console()`` draws rows as wide as their content, since there is no sc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from rich.console import Console, Group, RenderableType
@@ -36,6 +36,7 @@ from weightship.schemas import (
     ModelInfo,
     NodeInfo,
     PointerEvent,
+    Preheat,
     TokenCreated,
     TokenInfo,
     VersionInfo,
@@ -55,7 +56,9 @@ __all__ = [
     "manifest_table",
     "models_table",
     "nodes_table",
+    "preheats_table",
     "publish_summary",
+    "selector_text",
     "short_digest",
     "status_view",
     "token_created",
@@ -190,8 +193,35 @@ def deployment_table(deployment: Deployment) -> Table:
         ("canary", canary),
         ("epoch", str(deployment.epoch)),
         ("updated", _when(deployment.updated_at)),
+        ("warm pool", selector_text(deployment.warm_pool.selector) if deployment.warm_pool else "-"),
     ):
         table.add_row(key, value)
+    return table
+
+
+def selector_text(selector: Mapping[str, str]) -> str:
+    """A node selector as ``k=v,...`` (``*``: every node)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or "*"
+
+
+def preheats_table(deployment: str, preheats: Sequence[Preheat]) -> Table:
+    """``weightship preheat D --list``: each standing preheat and how far its nodes have got."""
+    table = Table(
+        "ID", "VERSION", "DIGEST", "SELECTOR", "MATCHED", "STAGED", "FETCHING", "FAILED", "BY",
+        title=f"preheats of {deployment}", title_justify="left",
+    )  # fmt: skip
+    for p in preheats:
+        table.add_row(
+            p.id,
+            p.version,
+            short_digest(p.digest),
+            selector_text(p.selector),
+            str(p.nodes_matched),
+            str(p.nodes_staged),
+            str(p.nodes_fetching),
+            str(p.nodes_failed),
+            p.created_by,
+        )
     return table
 
 

@@ -23,6 +23,11 @@ Deployments [reads: any role; writes: operator]
     POST   /v1/deployments/{name}/rollback [If-Match] RollbackRequest -> Deployment
     GET    /v1/deployments/{name}/history                         -> list[PointerEvent]
     GET    /v1/deployments/{name}/status                          -> DeploymentStatus
+    PUT    /v1/deployments/{name}/warm-pool        WarmPool       -> Deployment
+    DELETE /v1/deployments/{name}/warm-pool                       -> Deployment
+    POST   /v1/deployments/{name}/preheats         PreheatCreate  -> Preheat (201)
+    GET    /v1/deployments/{name}/preheats                        -> list[Preheat] (with progress)
+    DELETE /v1/deployments/{name}/preheats/{id}                   -> 204
 Fleet [node calls: that node's own node token; blob URLs: agent or operator; reads: any role]
     POST   /v1/nodes/enrol                         NodeEnrolRequest -> NodeEnrolment (201) [enrolment token]
     POST   /v1/nodes/register                      NodeRegistration -> NodeInfo
@@ -100,6 +105,8 @@ __all__ = [
     "PartUpload",
     "PointerEvent",
     "PointerUpdate",
+    "Preheat",
+    "PreheatCreate",
     "Role",
     "RollbackRequest",
     "Rollout",
@@ -110,9 +117,11 @@ __all__ = [
     "RolloutMeasurement",
     "RolloutMetric",
     "RolloutStep",
+    "Selector",
     "ServeCounters",
     "ServeReport",
     "SourceTally",
+    "StagedVersion",
     "TicketGrant",
     "TicketKeys",
     "TicketRequest",
@@ -134,6 +143,7 @@ __all__ = [
     "VersionServeMetrics",
     "VersionState",
     "VersionStatus",
+    "WarmPool",
 ]
 
 Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
@@ -254,6 +264,16 @@ class ModelInfo(_Schema):
 # --- deployments and pointers -------------------------------------------------------------------
 
 
+#: a node selector: label name (a ``NodeLabels`` field) -> required value; empty matches every node
+Selector = dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], Annotated[str, Field(max_length=128)]]
+
+
+class WarmPool(_Schema):
+    """Nodes (matched by ``selector``) that keep a deployment's stable and canary versions staged, not served."""
+
+    selector: Selector = Field(max_length=16)
+
+
 class DeploymentCreate(_Schema):
     """Create a deployment of a model; it serves nothing until its pointer is set."""
 
@@ -261,6 +281,7 @@ class DeploymentCreate(_Schema):
     model: Name
     #: whether a ``publisher`` token may start rollouts of this deployment (operators always may)
     publisher_rollouts: bool = False
+    warm_pool: WarmPool | None = None
 
 
 class Deployment(_Schema):
@@ -274,6 +295,8 @@ class Deployment(_Schema):
     canary_share: Share
     epoch: Count
     updated_at: datetime
+    warm_pool: WarmPool | None = None
+    preheated: list[Digest] = Field(default_factory=list, description="versions preheats of it stage now")
 
 
 class PointerUpdate(_Schema):
@@ -541,12 +564,44 @@ class DesiredDeployment(_Schema):
     keep: list[Digest] = Field(description="versions to keep on disk: stable, previous stable, canary")
 
 
+class StagedVersion(_Schema):
+    """A version a node fetches and verifies but does not serve (a preheat or a warm pool asks it)."""
+
+    model: Name
+    digest: Digest
+
+
 class DesiredState(_Schema):
     """The whole desired state of a node; ``revision`` changes whenever any part does."""
 
     node_id: str
     revision: str
     deployments: list[DesiredDeployment]
+    stage: list[StagedVersion] = Field(default_factory=list, description="versions to hold verified, not served")
+
+
+class PreheatCreate(_Schema):
+    """Stage a ready version of a deployment's model on the nodes ``selector`` matches, without switching."""
+
+    version: str = Field(min_length=1, max_length=200, description="label or sha256 digest of a ready version")
+    selector: Selector = Field(default_factory=dict, max_length=16)
+
+
+class Preheat(_Schema):
+    """A standing preheat and how far the nodes it matches have got (from their heartbeats)."""
+
+    id: str
+    deployment: Name
+    model: Name
+    digest: Digest
+    version: str = Field(description="the ref it was asked with (label or digest)")
+    selector: Selector
+    created_at: datetime
+    created_by: str
+    nodes_matched: Count = Field(default=0, description="live nodes the selector matches")
+    nodes_staged: Count = Field(default=0, description="of those, nodes that hold the version verified")
+    nodes_fetching: Count = 0
+    nodes_failed: Count = 0
 
 
 class BlobURLRequest(_Schema):

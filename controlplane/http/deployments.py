@@ -24,6 +24,7 @@ from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.http.problems import errors
 from controlplane.persistence.db import DeploymentRow, PointerEventRow
+from controlplane.preheats import announce_staging, preheated_digests
 from weightship.schemas import (
     INT64_MAX,
     Deployment,
@@ -53,6 +54,8 @@ async def create_deployment(
     state = state_of(request)
     deployment = await run_in_threadpool(new_deployment, state, body)
     await notify_pointer_changed(state)
+    if body.warm_pool is not None:
+        await announce_staging(state)
     response.headers["ETag"] = etag(deployment.epoch)
     return deployment
 
@@ -61,7 +64,9 @@ async def create_deployment(
 def list_deployments(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[Deployment]:
     """Every deployment, by name."""
     with state_of(request).sessions() as session:
-        return [to_schema(row) for row in session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))]
+        preheated = preheated_digests(session)
+        rows = session.scalars(select(DeploymentRow).order_by(DeploymentRow.name))
+        return [to_schema(row, preheated.get(row.name, ())) for row in rows]
 
 
 @router.get("/{name}", response_model=Deployment, responses=errors(404))
@@ -70,7 +75,7 @@ def get_deployment(
 ) -> Deployment:
     """One deployment; ``ETag`` carries its epoch for the next ``If-Match``."""
     with state_of(request).sessions() as session:
-        deployment = to_schema(load_deployment(session, name))
+        deployment = to_schema(load_deployment(session, name), preheated_digests(session, name).get(name, ()))
     response.headers["ETag"] = etag(deployment.epoch)
     return deployment
 

@@ -15,6 +15,7 @@ from controlplane.fleet import desired_answer, node_infos, record_heartbeat, reg
 from controlplane.http import state_of
 from controlplane.http.auth import require, require_enrolment, require_node
 from controlplane.http.problems import errors
+from controlplane.staging import with_stage
 from weightship.schemas import (
     DeploymentStatus,
     DesiredState,
@@ -105,18 +106,21 @@ async def desired(
     fresh = after is None
     name, names = await snapshots.node(node_id, fresh=fresh)
     await snapshots.ensure(names, fresh=fresh)
+    await snapshots.ensure_staging(fresh=fresh)
     gauge = state.metrics.long_polls_waiting
     while True:
         # Watch before computing: nothing can change between the two (no await), so no wake is lost.
-        changed = snapshots.watch(names)
+        changed = snapshots.watch(names, node_id)
         try:
-            revision, deployments = desired_answer(state, name, snapshots.rows(names))
+            revision, members = with_stage(
+                *desired_answer(state, name, snapshots.rows(names)), snapshots.stage(node_id)
+            )
             remaining = deadline - loop.time()
             if after is None or revision != after or remaining <= 0:
-                body = b'{"node_id":%s,"revision":"%s","deployments":%s}' % (
+                body = b'{"node_id":%s,"revision":"%s",%s}' % (
                     json.dumps(node_id).encode(),
                     revision.encode(),
-                    deployments,
+                    members,
                 )
                 return Response(body, media_type="application/json")
             gauge.inc()
@@ -125,7 +129,7 @@ async def desired(
             finally:
                 gauge.dec()
         finally:
-            snapshots.unwatch(names, changed)
+            snapshots.unwatch(names, changed, node_id)
 
 
 @nodes_router.get("", response_model=list[NodeInfo])

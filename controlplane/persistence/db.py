@@ -22,6 +22,8 @@ Tables and what they promise:
   driver last saw it); ``active_deployment`` is the deployment's name while the rollout is active,
   else NULL, and UNIQUE: one active rollout per deployment. ``lease_holder``/``lease_expires_at``
   name the process that drives it; ``row_version`` fences status writes (compare-and-swap).
+- ``preheats``: standing preheats (a version staged on the nodes a selector matches) until deleted;
+  ``deployments.warm_pool`` is a deployment's warm-pool selector (``controlplane.staging``).
 - ``ticket_keys``: the ed25519 keys that sign entitlement tickets (``controlplane.tickets``); the
   newest not retired signs, all not retired are published. Shared by every replica.
 
@@ -78,6 +80,7 @@ __all__ = [
     "ModelRow",
     "NodeRow",
     "PointerEventRow",
+    "PreheatRow",
     "QueryCounter",
     "RolloutRow",
     "TicketKeyRow",
@@ -188,6 +191,23 @@ class DeploymentRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     #: whether publisher tokens may start rollouts of it (NULL: no)
     publisher_rollouts: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    #: the warm pool's node selector (label -> value), or NULL: no warm pool
+    warm_pool: Mapped[dict[str, str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+
+
+class PreheatRow(Base):
+    """A standing preheat: stage ``digest`` on the nodes ``selector`` matches until it is cancelled."""
+
+    __tablename__ = "preheats"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    deployment: Mapped[str] = mapped_column(ForeignKey("deployments.name"), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(ForeignKey("versions.digest"))
+    #: the ref it was asked with (label or digest), for display
+    version: Mapped[str] = mapped_column(String(200))
+    selector: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128))
 
 
 class PointerEventRow(Base):

@@ -63,6 +63,12 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/deployments/{}/rollback"): only(OPERATOR),
     ("GET", "/v1/deployments/{}/history"): ANY,
     ("GET", "/v1/deployments/{}/status"): ANY,
+    # preheats and warm pools
+    ("PUT", "/v1/deployments/{}/warm-pool"): only(OPERATOR),
+    ("DELETE", "/v1/deployments/{}/warm-pool"): only(OPERATOR),
+    ("POST", "/v1/deployments/{}/preheats"): only(OPERATOR),
+    ("GET", "/v1/deployments/{}/preheats"): ANY,
+    ("DELETE", "/v1/deployments/{}/preheats/{}"): only(OPERATOR),
     # fleet
     ("POST", "/v1/nodes/enrol"): only(ENROL),
     ("POST", "/v1/nodes/register"): only(NODE),
