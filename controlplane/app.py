@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            await state.heartbeats.close()
             engine.dispose()
 
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)

@@ -77,7 +77,7 @@ async def heartbeat(
 ) -> Response:
     """Store a node's report and mark it seen."""
     state = state_of(request)
-    await run_in_threadpool(record_heartbeat, state, node_id, principal.node_name or node_id, body)
+    await record_heartbeat(state, node_id, principal.node_name or node_id, body)
     state.metrics.heartbeats.inc()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
