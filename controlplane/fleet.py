@@ -249,15 +249,18 @@ def _log_corrupt_origins(state: AppState, node: str, body: NodeHeartbeat) -> Non
         seen.pop(node, None)
 
 
-async def record_heartbeat(state: AppState, node_id: str, node: str, body: NodeHeartbeat) -> None:
+async def record_heartbeat(
+    state: AppState, node_id: str, node: str, body: NodeHeartbeat, raw: bytes | None = None
+) -> None:
     """Store a node's report and ``last_seen``; returns once committed (group commit, one UPDATE, no read).
 
     Most heartbeats repeat the last report; this process remembers the hash of the report it last
     wrote per node and then only touches ``last_seen``. The report is still rewritten every
     REPORT_REWRITE_SECONDS, bounding how long a report written meanwhile through another replica
-    could hide an equal one sent here.
+    could hide an equal one sent here. ``raw``, the body as received, is what is hashed when given
+    (equal bytes are an equal report; an equal report sent differently is merely rewritten).
     """
-    digest = sha256_hex(body.model_dump_json().encode())
+    digest = sha256_hex(raw if raw is not None else body.model_dump_json().encode())
     written = state.fleet.reports_written
     last = written.get(node_id)
     now = time.monotonic()
