@@ -109,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await providers.aclose()
+            await state.heartbeats.close()
             engine.dispose()
 
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)

@@ -11,7 +11,9 @@ and reads its desired state with its node token only; for any other node that to
 before the active-token check, so concurrent enrolments yield one token and 409s.
 
 **Heartbeats** store the agent's whole report (inventory, what it serves, counters, health) and
-``last_seen``, in one statement; a report equal to the last one written only moves ``last_seen``. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
+``last_seen``, in one statement; a report equal to the last one written only moves ``last_seen``.
+Heartbeats arriving together share one transaction (``controlplane.persistence.batch``: group
+commit); each is answered once the transaction holding it committed. A node is *stale* when it has not been heard from for ``node_stale_seconds``.
 
 **Desired state.** For each deployment a node serves (that exists), the node should serve the
 pointer's ``stable`` digest, or its ``canary`` digest when the node is in the canary subset. The
@@ -47,13 +49,13 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import bindparam, exc, select, update
+from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
 from controlplane.deployments import to_schema
 from controlplane.persistence.db import DeploymentRow, NodeRow, VersionRow, utcnow
+from controlplane.persistence.heartbeats import HeartbeatWrite
 from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, unknown_node
 from controlplane.state import AppState
 from controlplane.tokens import active_node_token, mint_node_token
@@ -248,27 +250,24 @@ def _log_corrupt_origins(state: AppState, node: str, body: NodeHeartbeat) -> Non
         seen.pop(node, None)
 
 
-# Built once: a heartbeat is the hottest write, and the ORM session path costs ~5x the statement.
-_TOUCH = update(NodeRow).where(NodeRow.id == bindparam("node_id")).values(last_seen=bindparam("now"))
-_REWRITE = _TOUCH.values(report=bindparam("report"))
+async def record_heartbeat(
+    state: AppState, node_id: str, node: str, body: NodeHeartbeat, raw: bytes | None = None
+) -> None:
+    """Store a node's report and ``last_seen``; returns once committed (group commit, one UPDATE, no read).
 
-
-def record_heartbeat(state: AppState, node_id: str, node: str, body: NodeHeartbeat) -> None:
-    # One UPDATE, no read. Most heartbeats repeat the last report; this process remembers the hash
-    # of the report it last wrote per node and then only touches ``last_seen``. The report is
-    # still rewritten every REPORT_REWRITE_SECONDS, bounding how long a report written meanwhile
-    # through another replica could hide an equal one sent here.
-    digest = sha256_hex(body.model_dump_json().encode())
+    Most heartbeats repeat the last report; this process remembers the hash of the report it last
+    wrote per node and then only touches ``last_seen``. The report is still rewritten every
+    REPORT_REWRITE_SECONDS, bounding how long a report written meanwhile through another replica
+    could hide an equal one sent here. ``raw``, the body as received, is what is hashed when given
+    (equal bytes are an equal report; an equal report sent differently is merely rewritten).
+    """
+    digest = sha256_hex(raw if raw is not None else body.model_dump_json().encode())
     written = state.fleet.reports_written
     last = written.get(node_id)
     now = time.monotonic()
     rewrite = last is None or last[0] != digest or now - last[1] > REPORT_REWRITE_SECONDS
-    params: dict[str, Any] = {"node_id": node_id, "now": utcnow()}
-    if rewrite:
-        params["report"] = body.model_dump(mode="json")
-    with state.engine.begin() as conn:
-        result = conn.execute(_REWRITE if rewrite else _TOUCH, params)
-    if result.rowcount == 0:
+    write = HeartbeatWrite(node_id, utcnow(), body.model_dump(mode="json") if rewrite else None)
+    if not await state.heartbeats.submit(write):
         raise unknown_node(node_id)
     if rewrite:
         if len(written) >= MAX_NODES:

@@ -23,7 +23,9 @@ from controlplane.auth import Principal
 from controlplane.authcache import TokenCache
 from controlplane.metrics import ControlPlaneMetrics, create_metrics
 from controlplane.notify import ChangeFeed
+from controlplane.persistence.batch import GroupCommit
 from controlplane.persistence.db import make_sessionmaker, utcnow
+from controlplane.persistence.heartbeats import HeartbeatWrite, store_heartbeats
 from controlplane.persistence.store import OriginStore
 from controlplane.settings import Settings
 from controlplane.snapshot import Snapshots
@@ -73,6 +75,8 @@ class AppState:
     changes: ChangeFeed
     snapshots: Snapshots
     tokens: TokenCache[Principal]
+    #: the one writer of heartbeats, a batch per transaction (``controlplane.persistence.batch``)
+    heartbeats: GroupCommit[HeartbeatWrite, bool]
     #: the clock publish sessions expire by (tests replace it)
     clock: Callable[[], datetime] = utcnow
     #: pointer changes this process announced
@@ -101,4 +105,5 @@ class AppState:
             changes=changes,
             snapshots=snapshots,
             tokens=tokens,
+            heartbeats=GroupCommit(engine, store_heartbeats, "storing heartbeats"),
         )

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for
@@ -70,15 +72,43 @@ async def register(
     return info
 
 
+def _heartbeat_body() -> dict[str, Any]:
+    # Documented by hand (the route reads its body itself): the schema's parts are those of
+    # NodeInfo, already in the document's components.
+    schema = NodeHeartbeat.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+async def _body(request: Request) -> bytes:
+    return await request.body()
+
+
 @nodes_router.post(
-    "/{node_id}/heartbeat", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses=errors(404)
+    "/{node_id}/heartbeat",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=errors(404, 422),
+    openapi_extra={"requestBody": _heartbeat_body()},
 )
 async def heartbeat(
-    node_id: str, body: NodeHeartbeat, request: Request, principal: Principal = Depends(require_node())
+    node_id: str,
+    request: Request,
+    raw: bytes = Depends(_body),
+    principal: Principal = Depends(require_node()),
 ) -> Response:
     """Store a node's report and mark it seen."""
+    # The hottest route: the body is validated straight from its bytes (pydantic's JSON parser),
+    # half the cost of FastAPI's parse-then-validate; errors are the same 422 problem, after the
+    # caller is authenticated, and the body is read before that (413 first), as for any route.
+    try:
+        body = NodeHeartbeat.model_validate_json(raw)
+    except ValidationError as err:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False, include_context=False)]
+        ) from None
     state = state_of(request)
-    await run_in_threadpool(record_heartbeat, state, node_id, principal.node_name or node_id, body)
+    await record_heartbeat(state, node_id, principal.node_name or node_id, body, raw)
     state.metrics.heartbeats.inc()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

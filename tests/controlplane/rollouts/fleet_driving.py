@@ -24,7 +24,6 @@ from typing import Any
 from controlplane.fleet import desired_deployment, record_heartbeat, register_node
 from controlplane.persistence.db import DeploymentRow
 from controlplane.rollout_driver import FleetRolloutDriver
-from controlplane.state import AppState
 from tests.controlplane.conftest import LiveControlPlane
 from weightship.schemas import (
     DeploymentState,
@@ -121,8 +120,10 @@ def tick(cp: LiveControlPlane, times: int = 1) -> dict[str, str]:
 class SimFleet:
     """``count`` nodes of ``deployment`` reporting through the control plane's fleet functions."""
 
-    def __init__(self, state: AppState, deployment: str, count: int, size: int = 1000) -> None:
-        self.state = state
+    def __init__(self, cp: LiveControlPlane, deployment: str, count: int, size: int = 1000) -> None:
+        state = self.state = cp.state
+        #: the control plane's event loop, where heartbeats are written (group commit)
+        self.loop = driver_of(cp).loop
         self.deployment = deployment
         self.size = size
         self.nodes: list[NodeInfo] = []
@@ -162,4 +163,6 @@ class SimFleet:
                 inventory=inventory,
                 deployments=[DeploymentState(name=self.deployment, digest=serving, epoch=desired.epoch)],
             )
-            record_heartbeat(self.state, node.id, node.name, report)
+            beat = record_heartbeat(self.state, node.id, node.name, report)
+            assert self.loop is not None
+            asyncio.run_coroutine_threadsafe(beat, self.loop).result(timeout=60)

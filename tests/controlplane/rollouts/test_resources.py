@@ -117,7 +117,7 @@ def world(
     assert cp_client.post("/v1/deployments", json={"name": "chat", "model": "m"}, headers=admin).status_code == 201
     put = cp_client.put("/v1/deployments/chat/pointer", json={"stable": "v1"}, headers={**admin, "If-Match": '"0"'})
     assert put.status_code == 200, put.text
-    fleet = SimFleet(cp_state, "chat", 4)
+    fleet = SimFleet(live_controlplane, "chat", 4)
     fleet.converge()
     return World(cp_client, role_headers, versions, fleet, clock, live_controlplane)
 

@@ -74,7 +74,7 @@ def fleet(
     assert cp_client.post("/v1/deployments", json={"name": "chat", "model": "m"}, headers=admin).status_code == 201
     put = cp_client.put("/v1/deployments/chat/pointer", json={"stable": "v1"}, headers={**admin, "If-Match": '"0"'})
     assert put.status_code == 200, put.text
-    nodes = SimFleet(cp_state, "chat", 4)
+    nodes = SimFleet(live_controlplane, "chat", 4)
     stop = threading.Event()
 
     def follow() -> None:  # the agents' reconcile loop, every 50 ms
