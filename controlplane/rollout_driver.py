@@ -314,7 +314,7 @@ class FleetRolloutDriver:
                     model=snapshot.model,
                     action=pointer_action(pointer, after),
                     actor=f"rollout:{snapshot.rollout_id}",
-                    reason=f"rollout {snapshot.rollout_id} {action.reason}",
+                    reason=f"rollout {snapshot.rollout_id}: {action.reason.removeprefix('rollout ')}",
                 )
             except PreconditionFailed as exc:
                 # Fenced: someone (a newer lease holder, an operator) moved the pointer since we read it.

@@ -154,7 +154,7 @@ def test_a_rollout_that_passes_every_step_makes_the_version_stable(world: World,
     assert (pointer["stable"], pointer["canary"]) == (world.versions["v2"], None)
     moves = [e for e in world.history() if e["actor"] == f"rollout:{created['id']}"]
     assert [e["canary_share"] for e in reversed(moves)] == [0.0, 0.25, 0.5, 0.0]
-    assert all(e["reason"].startswith(f"rollout {created['id']} ") for e in moves)
+    assert all(e["reason"].startswith(f"rollout {created['id']}: ") for e in moves)
     assert "setWeight 25" in moves[-2]["reason"]
     assert moves[0]["action"] == "promote"
     assert rollout["nodes"] == {world.versions["v2"]: 4}
