@@ -27,13 +27,6 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("replicaset_cont
 
 ROOT = Path(__file__).parents[2]
 WAIT = 30.0
-VERBS_PENDING = pytest.mark.xfail(
-    reason="needs the operator fix on branch k8s2 (42dc97b: a merge-patched status resumes, so verbs apply); "
-    "passes with it: remove this marker when merging k8s2",
-    strict=False,
-)
-
-
 @dataclass
 class Cli:
     """Runs ``weightship`` as a separate process with a kubeconfig naming kmock."""
@@ -170,7 +163,6 @@ async def test_kube_a_verb_on_a_refused_modelrollout_is_refused_with_the_operato
     assert json.loads(out.splitlines()[-1])["phase"] == "Invalid"
 
 
-@VERBS_PENDING
 async def test_kube_promote_then_watch_until_healthy(
     kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], cli: Cli
 ) -> None:
@@ -188,7 +180,6 @@ async def test_kube_promote_then_watch_until_healthy(
     assert last["stable"] == digests["v1"]  # as for a fleet rollout: the rollback target it captured
 
 
-@VERBS_PENDING
 async def test_kube_abort_then_retry_and_a_verb_that_does_not_fit(
     kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], cli: Cli
 ) -> None:
