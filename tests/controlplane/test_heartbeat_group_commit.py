@@ -146,3 +146,22 @@ def test_an_unknown_node_in_a_batch_gets_404_and_the_others_are_stored(
     assert problem(responses["ghost"])["code"] == "node_not_registered"
     assert {responses[node].status_code for node in nodes} == {204}
     assert stored_counters(cp_state) == dict.fromkeys(nodes, 7)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"", b'{"counters": {"bytes_downloaded": "many"}}', b'{"inventory": [{"digest": "md5:0"}]}'],
+)
+def test_a_malformed_heartbeat_is_refused_422_and_the_stored_report_stays(
+    cp_client: httpx.Client, cp_state: AppState, role_headers: dict[Role, Headers], nodes: list[str], body: bytes
+) -> None:
+    admin = role_headers[Role.admin]
+    node = nodes[0]
+    assert cp_client.post(f"/v1/nodes/{node}/heartbeat", json=report(5), headers=admin).status_code == 204
+    response = cp_client.post(
+        f"/v1/nodes/{node}/heartbeat", content=body, headers={**admin, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    assert problem(response)["code"] == "invalid_request"
+    assert problem(response)["detail"].startswith("body")
+    assert stored_counters(cp_state)[node] == 5
