@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def demo_figures() -> dict[str, object]:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=600,
         check=False,
     )
     assert run.returncode == 0, f"the demo failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
