@@ -187,7 +187,10 @@ def rollout_spec(weight: int) -> dict[str, object]:
     ``error-rate``: the canary's 5xx rate may exceed stable's by at most 5 points. Both compare the
     model servers' own counters, reported through their agents, over the same window.
     """
-    timing = {"initialDelay": "3s", "interval": "2s", "count": 2, "inconclusiveLimit": 1}
+    # Up to 4 measurements 2 s apart: the canary's model server loads and validates after its agent
+    # switched, and its counters reach the control plane a second or two later (push, heartbeat,
+    # sample); measurements before that are no data, tolerated 3 times, never counted as success.
+    timing = {"initialDelay": "2s", "interval": "2s", "count": 4, "inconclusiveLimit": 3}
     golden = {"metric": "validation", "window": "60s", "timeout": "1s"}
     errors = {"metric": "errorRate", "minRequests": 5, "window": "20s", "timeout": "1s"}
     metrics = [
@@ -239,6 +242,8 @@ def follow(
             console.print(f"  [{time.monotonic() - start:5.1f}s] step {min(rollout.step_index + 1, rollout.steps_total)}"
                           f"/{rollout.steps_total} {line}")  # fmt: skip
             shown = line
+        if rollout.phase == "Paused":
+            raise SystemExit(f"demo: rollout {rollout_id} paused: {rollout.message}")
         if rollout.completed or rollout.aborted:
             failed = [
                 (m.finished_at, f"{metric.name}: {m.message or m.value}")
