@@ -75,7 +75,8 @@ async def test_corrupt_origin_bytes_are_rejected_not_stored_and_reported(
     source = make_model("m1", tensors_mb=0.25, seed=31)
     v1 = fleet.publish(source, model, "v1")
     fleet.point(deployment, model, "v1")
-    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
+    # read-ahead off: the counts below are of this one chunk's fetch
+    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache", ["--read-ahead", "0"])
     caches.append(cache)
     base = await _running(cache)
     auth = {"Authorization": "Ticket " + ticket(fleet, f"{model}-holder", [deployment], [v1.digest])}
@@ -110,7 +111,7 @@ async def test_a_poisoned_upstream_cache_is_rejected_reported_and_avoided(
     source = make_model("m1", tensors_mb=0.25, seed=32)
     v1 = fleet.publish(source, model, "v1")
     fleet.point(deployment, model, "v1")
-    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache", ["--upstream", hostile])
+    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache", ["--upstream", hostile, "--read-ahead", "0"])
     caches.append(cache)
     base = await _running(cache)
     auth = {"Authorization": "Ticket " + ticket(fleet, f"{model}-holder", [deployment], [v1.digest])}
