@@ -185,13 +185,15 @@ def rollout_spec(weight: int) -> dict[str, object]:
 
     ``golden``: any failed validation (golden check, NaN scan) of the canary fails the rollout.
     ``error-rate``: the canary's 5xx rate may exceed stable's by at most 5 points. Both compare the
-    model servers' own counters, reported through their agents, over the same window.
+    model servers' own counters, reported through their agents, over the same 20 s window (the
+    control plane needs samples covering half a window, so a longer one would see no data in a
+    demo that starts its rollouts a minute after the control plane).
     """
     # Up to 4 measurements 2 s apart: the canary's model server loads and validates after its agent
     # switched, and its counters reach the control plane a second or two later (push, heartbeat,
     # sample); measurements before that are no data, tolerated 3 times, never counted as success.
     timing = {"initialDelay": "2s", "interval": "2s", "count": 4, "inconclusiveLimit": 3}
-    golden = {"metric": "validation", "window": "60s", "timeout": "1s"}
+    golden = {"metric": "validation", "window": "20s", "timeout": "1s"}
     errors = {"metric": "errorRate", "minRequests": 5, "window": "20s", "timeout": "1s"}
     metrics = [
         {"name": "golden", "provider": {"builtin": golden}, "failureCondition": "result['canary_failed'] > 0", **timing},
