@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,17 +23,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 @pytest.fixture(scope="module")
 def demo_figures() -> dict[str, object]:
     """One small demo run (2 agents, 8 MB), its closing JSON line."""
-    run = subprocess.run(
+    # Its own session, so that a demo past its time is stopped with every process it started
+    # (the demo stops its children itself only when it gets to its ``finally``).
+    with subprocess.Popen(
         [sys.executable, "demo/demo.py", "--size-mb", "8", "--agents", "2", "--canary-weight", "50"],
         cwd=REPO,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
-        check=False,
-    )
-    assert run.returncode == 0, f"the demo failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
-    figures = json.loads(run.stdout.strip().splitlines()[-1])
+        start_new_session=True,
+    ) as demo:
+        try:
+            stdout, stderr = demo.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            stdout, stderr = demo.communicate()
+            pytest.fail(f"the demo took over 600 s:\n{stdout[-4000:]}\n{stderr[-4000:]}")
+    assert demo.returncode == 0, f"the demo failed:\n{stdout[-4000:]}\n{stderr[-4000:]}"
+    figures = json.loads(stdout.strip().splitlines()[-1])
     assert isinstance(figures, dict)
     return figures
 
