@@ -57,6 +57,7 @@ from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens
 from weightship.backoff import DelaySequence
 from weightship.errors import WeightshipError
 from weightship.logs import event
+from weightship.problems import PROBLEM_MEDIA_TYPE, problem_document
 
 __all__ = ["ServeConfig", "Server", "main"]
 
@@ -83,6 +84,12 @@ class ServeConfig:
     poll_seconds: float = 30.0
     checksum_dir: Path | None = None
     metrics_push_seconds: float = 5.0
+
+
+def _problem(request: web.Request, status: int, code: str, detail: str) -> web.Response:
+    """An error answer as RFC 9457 problem details with our stable ``code``, as every weightship server gives."""
+    body = json.dumps(problem_document(status, code, detail, request.path))
+    return web.Response(text=body, status=status, content_type=PROBLEM_MEDIA_TYPE)
 
 
 class _BadRequest(Exception):
@@ -128,9 +135,7 @@ class Server:
             served = self.slot.acquire()
             if served is None:
                 code = 503
-                return web.json_response(
-                    {"error": {"code": "not_ready", "message": "no validated version is loaded yet"}}, status=503
-                )
+                return _problem(request, 503, "not_ready", "no validated version is loaded yet; see /readyz")
             answered_by = served.digest
             try:
                 _check_vocab(served, prompts, new_tokens)
@@ -144,12 +149,12 @@ class Server:
             return web.json_response({"digest": served.digest, "epoch": served.epoch, "output_ids": output})
         except _BadRequest as exc:
             code = 400
-            return web.json_response({"error": {"code": "invalid", "message": str(exc)}}, status=400)
+            return _problem(request, 400, "invalid_request", str(exc))
         except Exception as exc:
             code = 500
             self.metrics.errors.inc()
             event(_log, "serve.request_failed", logging.ERROR, error=repr(exc))
-            return web.json_response({"error": {"code": "internal", "message": repr(exc)}}, status=500)
+            return _problem(request, 500, "internal", f"the model server failed this request: {exc!r}")
         finally:
             seconds = time.perf_counter() - started
             self.metrics.requests.labels(code=str(code)).inc()

@@ -18,6 +18,7 @@ pytest.importorskip("pydantic", reason="the agent API schemas need pydantic")
 from tests.gpu_loader.fake_local_agent import FakeLocalAgent
 from tests.gpu_loader.staged_versions import manifest_of
 from weightship.testing import eventually as poll_until
+from weightship.testing import problem
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = {"input_ids": [[5, 17, 42, 7, 99, 3, 64, 12]], "max_new_tokens": 2}
@@ -80,6 +81,7 @@ def test_standalone_server_serves_a_version_with_metrics(versions: Versions, tmp
         assert len(answer.json()["output_ids"][0]) == 2
         bad = server.client.post("/v1/generate", json={"input_ids": [[10**9]]})
         assert bad.status_code == 400
+        assert problem(bad)["code"] == "invalid_request"
         status = server.client.get("/v1/status").json()
         assert {c["name"]: c["passed"] for c in status["serving"]["checks"]} == {"finite": True, "weights": True, "golden": True}
         assert server.metric('weightship_serve_requests_total{code="200"}') == 1.0
@@ -109,7 +111,9 @@ def test_server_is_not_ready_until_the_agent_has_a_version(versions: Versions, t
             # Listening, waiting on the agent, and honest about it.
             assert server.client.get("/readyz").status_code == 503
             assert server.client.get("/healthz").status_code == 200
-            assert server.client.post("/v1/generate", json=PROMPT).status_code == 503
+            refused = server.client.post("/v1/generate", json=PROMPT)
+            assert refused.status_code == 503
+            assert problem(refused)["code"] == "not_ready"
             digest = manifest_of(versions.single).digest
             agent.publish("chat", digest, str(versions.single))
             assert poll_until(server.ready_digest, 60, "ready") == digest
