@@ -13,6 +13,7 @@ from agent.servemetrics import LIVE_SECONDS, MAX_VERSIONS, ServeMetricsBook
 from agent.serving import Serving
 from agent.store import VersionStore
 from weightship.schemas import NodeHeartbeat, ServeCounters, ServeReport, VersionServeMetrics
+from weightship.testing import problem
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -101,7 +102,7 @@ async def test_local_api_takes_pushes_and_refuses_a_malformed_histogram(tmp_path
             bad = {**good, "versions": [{**good["versions"][0], "latency_le": [3, 2, 1]}]}
             refused = await client.post("/local/v1/serve-metrics", json=bad)
             assert refused.status_code == 422
-            assert "latency_le must hold 12 cumulative" in refused.json()["error"]["message"]
+            assert "latency_le must hold 12 cumulative" in problem(refused)["detail"]
             hostile = {**good, "instance": "../../etc"}
             assert (await client.post("/local/v1/serve-metrics", json=hostile)).status_code == 422
     finally:
