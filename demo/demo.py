@@ -256,9 +256,13 @@ def follow(
             ]
             failed_at, reason = min(failed, key=lambda f: f[0]) if failed else (None, rollout.message)
             return Followed(rollout, time.monotonic() - start, max_share, bytes_at_canary, failed_at, reason)
-        if current is not None:  # past the last step the version is being made stable: no longer a canary
+        # The share of agents serving the version while it is the canary: the pointer read before
+        # and after the agents' states must both name it as canary (a promotion in between would
+        # count the whole fleet).
+        if ops.get_deployment(DEPLOYMENT).canary == version:
             states = [local_state(p).get("digest") for p in ports]
-            max_share = max(max_share, sum(d == version for d in states) / len(states))
+            if ops.get_deployment(DEPLOYMENT).canary == version:
+                max_share = max(max_share, sum(d == version for d in states) / len(states))
         time.sleep(0.1)
     raise SystemExit(f"demo: rollout {rollout_id} of {version[:19]} did not finish in 300 s")
 
