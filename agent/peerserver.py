@@ -267,11 +267,16 @@ class PeerServer:
             raise ConnectionResetError("peer went away before the chunk was sent")
         sent = 0
         step = where.length if self.bucket.unlimited else max(1, min(SLICE, int(self.bucket.burst)))
-        while sent < where.length:
-            n = min(step, where.length - sent)
-            await self.bucket.take(n)
-            await loop.sendfile(transport, fobj, where.offset + sent, n)
-            sent += n
+        try:
+            while sent < where.length:
+                n = min(step, where.length - sent)
+                await self.bucket.take(n)
+                await loop.sendfile(transport, fobj, where.offset + sent, n)
+                sent += n
+        except ConnectionError as exc:
+            # The requester hung up (it cut off a parent it found too slow, or gave up): not our error.
+            event(log, "peer.upload_aborted", chunk=chunk, sent=sent, of=where.length, error=str(exc))
+            return response
         await response.write_eof()
         self.stats.chunks += 1
         self.stats.bytes += sent

@@ -111,5 +111,9 @@ async def answer_error(response: aiohttp.ClientResponse, what: str) -> Weightshi
         if not piece:
             break
         body += piece
-    answer = httpx.Response(response.status, headers=list(response.headers.items()), content=bytes(body))
-    return error_from_response(answer, what)
+    return status_error(response.status, dict(response.headers), bytes(body), what)
+
+
+def status_error(status: int, headers: dict[str, str], body: bytes, what: str) -> WeightshipError:
+    """The error a non-2xx answer (``status``, ``headers``, ``body``) to ``what`` means, with its detail."""
+    return error_from_response(httpx.Response(status, headers=list(headers.items()), content=body), what)

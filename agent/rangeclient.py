@@ -9,31 +9,54 @@ of HTTP: ``GET`` with ``Range``, a ``Content-Length`` body, keep-alive, TLS for 
 URLs. Everything else the agent says over HTTP (control-plane API, local API) uses the
 libraries.
 
+Peers and caches serve chunks the same way (``GET /v1/chunks/...``, a ``Content-Length`` body),
+so ``get`` reads those into chunk buffers too: on the fan-out bench, aiohttp's receive path was
+the largest share of a node agent's CPU.
+
+On plain TCP the connection asks the kernel (``SO_RCVLOWAT``) to wake the reader only once
+``WAKE_BYTES`` of the body (or all that is left of it) have arrived: on a link shaped to
+100 Mbit/s, segments trickle in and every wake-up of the event loop costs more than the copy.
+Not on TLS, where the bytes left of a body and the bytes left on the socket differ.
+
 Errors come out as ours: a refused or expired URL (401/403/404/410) is ``UrlRejected``, network
 trouble and 5xx are ``TemporaryError``, answers that break the contract (no ranges, chunked
 bodies, a range other than the one asked for) are ``StoreError``, and a body longer than the
-chunk is an ``IntegrityError`` before a byte of it is read.
+chunk is an ``IntegrityError`` before a byte of it is read. ``get`` answers any status but 200
+with ``HttpAnswer``, which carries the status and (up to 64 KiB of) the body for the caller to read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from weightship.errors import IntegrityError, StoreError, TemporaryError
 
-__all__ = ["RangeClient", "UrlRejected"]
+__all__ = ["HttpAnswer", "RangeClient", "UrlRejected"]
 
 _HEAD_LIMIT = 64 * 1024
 _ERROR_BODY_LIMIT = 64 * 1024
+#: body bytes the kernel gathers before it wakes the reader (``SO_RCVLOWAT``; plain TCP only)
+WAKE_BYTES = 256 * 1024
 
 
 class UrlRejected(TemporaryError):
     """The origin refused a blob URL (expired or revoked); a fresh one is needed."""
+
+
+class HttpAnswer(TemporaryError):
+    """``RangeClient.get`` got a status other than 200: its status, headers and (at most 64 KiB of) body."""
+
+    def __init__(self, message: str, *, status: int, headers: dict[str, str], body: bytes) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+        self.body = body
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +75,7 @@ def _parse_head(raw: bytes) -> _Head:
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise StoreError(f"origin answered something that is not HTTP: {lines[0][:80]!r}")
+        raise StoreError(f"the server answered something that is not HTTP: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
@@ -79,12 +102,25 @@ class _Connection(asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._leftover = b""
         self.head: _Head | None = None
+        self._sock: socket.socket | None = None  # set on plain TCP: ``SO_RCVLOWAT`` is tuned per body
+        self._lowat = 1
 
     # --- asyncio protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if transport.get_extra_info("sslcontext") is None and sock is not None and hasattr(socket, "SO_RCVLOWAT"):
+            self._sock = sock
+
+    def _wake_at(self, nbytes: int) -> None:
+        """Have the kernel report the socket readable once ``nbytes`` are queued (no-op off plain TCP)."""
+        nbytes = max(1, nbytes)
+        if self._sock is not None and nbytes != self._lowat and not self.closed:
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+                self._lowat = nbytes
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._in_body and self._got < len(self._target):
@@ -95,17 +131,21 @@ class _Connection(asyncio.BufferedProtocol):
         self.progress += nbytes
         if self._in_body and self._got < len(self._target):
             self._got += nbytes
-            if self._got == len(self._target):
+            left = len(self._target) - self._got
+            if left == 0:
+                self._wake_at(1)  # the next response's head: every byte of it at once
                 self._wake()
+            elif left < self._lowat:
+                self._wake_at(left)
             return
         if self._in_body or self._waiter is None or self.head is not None:
-            self._fail(StoreError("origin sent bytes beyond the response it announced"))
+            self._fail(StoreError("the server sent bytes beyond the response it announced"))
             return
         self._head += self._scratch[:nbytes]
         end = self._head.find(b"\r\n\r\n")
         if end < 0:
             if len(self._head) > _HEAD_LIMIT:
-                self._fail(StoreError("origin sent response headers larger than 64 KiB"))
+                self._fail(StoreError("the server sent response headers larger than 64 KiB"))
             return
         try:
             self.head = _parse_head(bytes(self._head[:end]))
@@ -124,7 +164,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._fail(TemporaryError(f"origin closed the connection{f': {exc}' if exc else ''}"))
+        self._fail(TemporaryError(f"the server closed the connection{f': {exc}' if exc else ''}"))
 
     # --- used by RangeClient ------------------------------------------------------------------
 
@@ -161,7 +201,7 @@ class _Connection(asyncio.BufferedProtocol):
         leftover = self._leftover
         self._leftover = b""
         if len(leftover) > len(target):
-            self._fail(StoreError("origin sent more bytes than its Content-Length"))
+            self._fail(StoreError("the server sent more bytes than its Content-Length"))
             return self._waiter
         target[: len(leftover)] = leftover
         self._target = target
@@ -169,12 +209,15 @@ class _Connection(asyncio.BufferedProtocol):
         self._in_body = True
         if self._got == len(target):
             self._wake()
+        else:
+            self._wake_at(min(WAKE_BYTES, len(target) - self._got))
         assert self.transport is not None
         self.transport.resume_reading()
         return self._waiter
 
     def finish_body(self) -> None:
         """The body is consumed; the connection may carry the next request."""
+        self._wake_at(1)
         self._in_body = False
         self._target = memoryview(bytearray(0))
         self._got = 0
@@ -187,7 +230,7 @@ class _Connection(asyncio.BufferedProtocol):
 
 
 class RangeClient:
-    """Range GETs over a small pool of keep-alive connections per origin."""
+    """GETs into buffers (ranges of blobs, whole chunks) over a small pool of keep-alive connections per server."""
 
     def __init__(
         self,
@@ -215,37 +258,101 @@ class RangeClient:
 
         ``on_bytes`` hears how many body bytes came off the wire, whether or not the read succeeds.
         """
+        length = len(into)
+
+        def check(head: _Head) -> int:
+            return self._check_head(head, url, start, length)
+
+        await self._exchange(url, {"Range": f"bytes={start}-{start + length - 1}"}, into, on_bytes, check)
+
+    async def get(
+        self, url: str, into: memoryview, on_bytes: Callable[[int], None], headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Fill ``into`` with the body of ``GET url``: a 200 whose ``Content-Length`` is exactly ``len(into)``.
+
+        Any other status raises ``HttpAnswer`` (status, headers, up to 64 KiB of body); a longer
+        body is an ``IntegrityError`` before a byte of it is read, a shorter one a ``TemporaryError``.
+        """
+        length = len(into)
+        where = _where(url)
+
+        def check(head: _Head) -> int:
+            if head.status != 200:
+                return -1
+            if "chunked" in head.headers.get("transfer-encoding", "").lower():
+                raise StoreError(f"{where} sent a chunked body; chunk reads need Content-Length")
+            announced = head.headers.get("content-length", "")
+            if not announced.isdigit():
+                raise StoreError(f"{where} answered 200 without a Content-Length")
+            if int(announced) > length:
+                raise IntegrityError(f"{where} would send {announced} bytes for a {length}-byte chunk; refused unread")
+            if int(announced) < length:
+                raise TemporaryError(f"{where} would send {announced} of the {length} bytes of the chunk")
+            return length
+
+        await self._exchange(url, headers or {}, into, on_bytes, check)
+
+    async def _exchange(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        into: memoryview,
+        on_bytes: Callable[[int], None],
+        check: Callable[[_Head], int],
+    ) -> None:
+        """Send ``GET url`` and receive the body into ``into``; ``check`` returns its length, or -1: not 200."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise StoreError(f"blob URL {_where(url)} is not an http(s) URL")
+            raise StoreError(f"URL {_where(url)} is not an http(s) URL")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         key = (parts.scheme, parts.hostname, port)
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
         into = memoryview(into)  # slices must be views: the body is received in place
-        length = len(into)
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         request = (
-            f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nRange: bytes={start}-{start + length - 1}\r\n"
+            f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n{extra}"
             "Accept-Encoding: identity\r\nUser-Agent: weightship-agent\r\n\r\n"
         ).encode("latin-1")
         conn = await self._connection(key, parts.hostname, url)
         complete = reusable = False
+        received = 0
         try:
             await self._wait(conn, conn.start(request), url)
             head = conn.head
             assert head is not None
-            body_length = self._check_head(head, url, start, length)
+            body_length = check(head)
+            if body_length < 0:
+                body = await self._answer_body(conn, head, url)
+                reusable = body is not None and head.keep_alive
+                raise HttpAnswer(
+                    f"{_where(url)} answered {head.status}",
+                    status=head.status,
+                    headers=head.headers,
+                    body=body or b"",
+                )
             await self._wait(conn, conn.expect_body(into[:body_length]), url)
             complete = True
+            received = body_length
             conn.finish_body()
             reusable = head.keep_alive
         finally:
-            on_bytes(length if complete else conn.received)
+            on_bytes(received if complete else conn.received)
             if reusable and not conn.closed:
                 self._release(key, conn)
             else:
                 conn.close()
+
+    async def _answer_body(self, conn: _Connection, head: _Head, url: str) -> bytes | None:
+        """The body of a non-200 answer when it is small and delimited (else None: the connection is not reused)."""
+        announced = head.headers.get("content-length", "")
+        if not announced.isdigit() or int(announced) > _ERROR_BODY_LIMIT:
+            return None
+        body = bytearray(int(announced))
+        await self._wait(conn, conn.expect_body(memoryview(body)), url)
+        conn.finish_body()
+        return bytes(body)
 
     async def _connection(self, key: tuple[str, str, int], host: str, url: str) -> _Connection:
         idle = self._idle.get(key, [])
@@ -262,7 +369,7 @@ class RangeClient:
                 loop.create_connection(_Connection, host, key[2], ssl=ssl_context), self.connect_timeout
             )
         except (OSError, TimeoutError) as exc:
-            raise TemporaryError(f"cannot connect to the origin of {_where(url)}: {exc!r}") from None
+            raise TemporaryError(f"cannot connect to {_where(url)}: {exc!r}") from None
         return conn
 
     def _release(self, key: tuple[str, str, int], conn: _Connection) -> None:
@@ -284,7 +391,7 @@ class RangeClient:
                 conn.close()
                 with contextlib.suppress(BaseException):
                     waiter.cancel()
-                raise TemporaryError(f"origin sent nothing for {self.read_timeout:.0f}s reading {_where(url)}")
+                raise TemporaryError(f"{_where(url)} sent nothing for {self.read_timeout:.0f}s")
             seen = conn.progress
 
     @staticmethod

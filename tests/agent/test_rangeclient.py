@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent.rangeclient import RangeClient, UrlRejected
+from agent.rangeclient import HttpAnswer, RangeClient, UrlRejected
 from weightship.errors import IntegrityError, StoreError, TemporaryError
 
 pytestmark = pytest.mark.timeout(30)
@@ -178,3 +178,78 @@ async def test_an_origin_that_stalls_times_out(serve: Callable[..., Awaitable[st
     with pytest.raises(TemporaryError, match="sent nothing for"):
         await read(RangeClient(read_timeout=0.3), await serve(stalled), 0, 10)
     stall.set()
+
+
+# --- whole-body GETs (peers and caches: GET /v1/chunks/...) -------------------------------------
+
+
+async def test_a_whole_body_lands_in_the_buffer_with_the_headers_asked_for(serve: Callable[..., Awaitable[str]]) -> None:
+    seen: list[str] = []
+
+    async def chunk(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Authorization", ""))
+        request.app[CONNECTIONS].add(id(request.transport))
+        return web.Response(body=BLOB[:300_000])
+
+    url = await serve(chunk)
+    client = RangeClient()
+    for _ in range(3):
+        buf = bytearray(300_000)
+        counted: list[int] = []
+        await client.get(url, memoryview(buf), counted.append, {"Authorization": "Ticket t0k"})
+        assert bytes(buf) == BLOB[:300_000]
+        assert sum(counted) == 300_000
+    assert seen == ["Ticket t0k"] * 3
+    assert len(serve.apps[0][CONNECTIONS]) == 1  # type: ignore[attr-defined]
+    await client.close()
+
+
+@pytest.mark.parametrize("size", [5_000, 700_000], ids=["under_the_wake_size", "over_it"])
+async def test_a_body_that_trickles_in_completes(serve: Callable[..., Awaitable[str]], size: int) -> None:
+    """The reader asks to be woken only once many bytes are queued; the last, smaller part must still wake it."""
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_length = size
+        await resp.prepare(request)
+        for start in range(0, size, 3_000):
+            await resp.write(BLOB[start : min(size, start + 3_000)])
+            await asyncio.sleep(0.002 if start % 60_000 == 0 else 0)
+        return resp
+
+    url = await serve(trickle)
+    client = RangeClient()
+    for _ in range(2):  # the second read proves the connection was left waking at every byte again
+        buf = bytearray(size)
+        await asyncio.wait_for(client.get(url, memoryview(buf), lambda _n: None), 10)
+        assert bytes(buf) == BLOB[:size]
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "message"),
+    [
+        (200, b"x" * 20, IntegrityError, "refused unread"),
+        (200, b"x" * 5, TemporaryError, "5 of the 10 bytes"),
+    ],
+    ids=["longer", "shorter"],
+)
+async def test_a_body_of_the_wrong_length_is_refused_unread(
+    serve: Callable[..., Awaitable[str]], status: int, body: bytes, error: type[Exception], message: str
+) -> None:
+    url = await serve(await respond(status, body))
+    with pytest.raises(error, match=message):
+        await RangeClient().get(url, memoryview(bytearray(10)), lambda _n: None)
+
+
+async def test_a_refusal_comes_back_with_its_status_and_body(serve: Callable[..., Awaitable[str]]) -> None:
+    problem = b'{"title": "busy", "detail": "16 uploads already"}'
+    url = await serve(await respond(503, problem, **{"Content-Type": "application/problem+json", "Retry-After": "1"}))
+    client = RangeClient()
+    with pytest.raises(HttpAnswer) as caught:
+        await client.get(url, memoryview(bytearray(10)), lambda _n: None)
+    assert caught.value.status == 503
+    assert caught.value.body == problem
+    assert caught.value.headers["retry-after"] == "1"
+    assert "secret" not in str(caught.value)
+    await client.close()
