@@ -93,8 +93,8 @@ class AgentConfig:
     upload_bandwidth: int = 0
     #: a cache's fetches from its upstream in flight at once
     upstream_concurrency: int = 8
-    #: (cache) chunks of a version read ahead from upstream at once after its first request (0: off)
-    read_ahead: int = 4
+    #: (cache) streams reading a version ahead after its first request (0: off)
+    read_ahead: int = 2
     #: a cache's upstream bytes per second (0: unlimited)
     upstream_bandwidth: int = 0
     #: a cache's chunk store size; least recently used chunks of versions no pointer names go first (0: no bound)
@@ -107,12 +107,15 @@ class AgentConfig:
     region_cache: str = ""
     #: bytes/s below which a peer is cut off and reported slow (after a 2 s allowance)
     peer_min_rate: int = 5_000_000
+    #: chunks in flight per version while a tracker serves this node (at most ``concurrency``): about the
+    #: tracker's fan-out, so a node pulls from about as many parents as a parent serves children
+    peer_concurrency: int = 4
     #: seconds between a node's full re-announcements to the tracker (soft state)
     announce_interval: float = 10.0
     #: (cluster cache) most children the tracker sends to one parent at once
     tracker_fanout: int = 4
-    #: (cluster cache) most nodes the tracker lets fetch from the caches at once
-    tracker_upstream_slots: int = 4
+    #: (cluster cache) most chunk fetches from the caches the tracker grants at once
+    tracker_upstream_slots: int = 8
 
     def __post_init__(self) -> None:
         if not self.control_plane.startswith(("http://", "https://")):
@@ -125,8 +128,8 @@ class AgentConfig:
         for key in ("quota_bytes", "min_free_bytes"):
             if getattr(self, key) < 0:
                 raise ValidationError(f"{key} must not be negative")
-        if self.concurrency < 1 or self.chunk_attempts < 1:
-            raise ValidationError("concurrency and chunk_attempts must be at least 1")
+        if min(self.concurrency, self.chunk_attempts, self.peer_concurrency) < 1:
+            raise ValidationError("concurrency, peer_concurrency and chunk_attempts must be at least 1")
         if self.heartbeat_interval <= 0 or self.poll_wait <= 0 or self.backoff_initial <= 0:
             raise ValidationError("heartbeat_interval, poll_wait and backoff_initial must be positive")
         if self.backoff_max < self.backoff_initial:
@@ -158,7 +161,7 @@ class AgentConfig:
 
 _SIZE_KEYS = {"quota_bytes", "min_free_bytes", "memory_bytes", "upload_bandwidth", "upstream_bandwidth", "cache_bytes"}
 _SIZE_KEYS |= {"peer_min_rate"}
-_INT_KEYS = {"concurrency", "chunk_attempts", "upload_concurrency", "upstream_concurrency"}
+_INT_KEYS = {"concurrency", "chunk_attempts", "upload_concurrency", "upstream_concurrency", "peer_concurrency"}
 _INT_KEYS |= {"tracker_fanout", "tracker_upstream_slots", "read_ahead"}
 _FLOAT_KEYS = {"heartbeat_interval", "poll_wait", "backoff_initial", "backoff_max", "announce_interval"}
 _ALIASES = {"quota": "quota_bytes", "memory": "memory_bytes", "min_free": "min_free_bytes"}
@@ -209,16 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upload-concurrency", help="uploads served at once (default 16)")
     parser.add_argument("--upload-bandwidth", help="upload bytes per second, e.g. 100MB (0: unlimited)")
     parser.add_argument("--upstream-concurrency", help="a cache's upstream fetches at once (default 8)")
-    parser.add_argument("--read-ahead", help="(cache) chunks of a version read ahead at once (default 4; 0: off)")
+    parser.add_argument("--read-ahead", help="(cache) streams reading a version ahead at once (default 2; 0: off)")
     parser.add_argument("--upstream-bandwidth", help="a cache's upstream bytes per second (0: unlimited)")
     parser.add_argument("--cache-bytes", help="a cache's chunk store size, e.g. 500GiB (0: no bound)")
     parser.add_argument("--tracker", help="the cluster tracker's URL (default: --cluster-cache)")
     parser.add_argument("--cluster-cache", help="the cluster cache's peer URL (a node's source after peers)")
     parser.add_argument("--region-cache", help="the region cache's peer URL (after the cluster cache)")
     parser.add_argument("--peer-min-rate", help="bytes/s below which a peer is reported slow (default 5MB)")
+    parser.add_argument(
+        "--peer-concurrency", help="chunks in flight per version with a tracker (default 4, at most --concurrency)"
+    )
     parser.add_argument("--announce-interval", help="seconds between full re-announcements (default 10)")
     parser.add_argument("--tracker-fanout", help="(cluster cache) children per parent at once (default 4)")
-    parser.add_argument("--tracker-upstream-slots", help="(cluster cache) nodes fetching from caches at once")
+    parser.add_argument(
+        "--tracker-upstream-slots", help="(cluster cache) chunk fetches from the caches at once (default 8)"
+    )
     return parser
 
 

@@ -158,8 +158,10 @@ class Agent:
             region_cache=cfg.region_cache,
             counters=self.counters.sources,
             upload_slots=cfg.upload_concurrency,
+            concurrency=cfg.peer_concurrency,
             peer_min_rate=cfg.peer_min_rate,
             announce_interval=cfg.announce_interval,
+            client=self.blob_client,
         )
 
     def _tracker_routes(self) -> TrackerRoutes | None:

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from agent.problems import answer_error
+from agent.problems import answer_error, status_error
+from agent.rangeclient import HttpAnswer, RangeClient
 from agent.tracker import Availability, bitmap_of, chunk_order
 from weightship.errors import IntegrityError, TemporaryError, WeightshipError
 from weightship.logs import event
@@ -132,15 +133,19 @@ class Sources:
         region_cache: str = "",
         counters: SourceCounters | None = None,
         upload_slots: int = 4,
+        concurrency: int = 4,
         peer_min_rate: float = 5e6,
         slow_floor: float = 2.0,
         wait_limit: float = 30.0,
         busy_limit: float = 30.0,
         announce_interval: float = 10.0,
-        announce_debounce: float = 0.1,
-        availability_ttl: float = 0.25,
+        announce_debounce: float = 0.02,
+        availability_ttl: float = 0.1,
+        client: RangeClient | None = None,
     ) -> None:
         self.node = node
+        self.client = client or RangeClient()
+        self._own_client = client is None
         self.address = address
         self.labels = labels
         self.tickets = tickets
@@ -150,6 +155,7 @@ class Sources:
         ]
         self.counters = counters or SourceCounters()
         self.upload_slots = upload_slots
+        self.concurrency = concurrency
         self.peer_min_rate = peer_min_rate
         self.slow_floor = slow_floor
         self.wait_limit = wait_limit
@@ -174,6 +180,8 @@ class Sources:
         """Close the HTTP session."""
         if self._session is not None:
             await self._session.close()
+        if self._own_client:
+            await self.client.close()
 
     # --- choosing ------------------------------------------------------------------------------
 
@@ -236,7 +244,7 @@ class Sources:
                     await self._tracker_get(f"availability?version={version}", version)
                 )
                 seen = Availability(tuple(doc.holders), frozenset(doc.fetching), frozenset(doc.cached),
-                                    doc.upstream_free)  # fmt: skip
+                                    doc.upstream_free, tuple(doc.free))  # fmt: skip
             except (aiohttp.ClientError, TimeoutError, WeightshipError, ValueError) as exc:
                 # Without it the node keeps its own shuffled order; the sources calls still work.
                 event(log, "sources.availability_unavailable", logging.WARNING, tracker=self.tracker,
@@ -267,32 +275,20 @@ class Sources:
 
     async def read(self, attempt: Attempt, want: Want, into: memoryview) -> None:
         """Fill ``into`` from ``attempt`` (unverified: the caller hashes it); errors are ours."""
+        who = f"{attempt.source} {attempt.parent or attempt.url.split('?', 1)[0]}"
+        headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
         try:
-            http = await self._http()
-            headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
             async with asyncio.timeout(attempt.timeout):
-                async with http.get(attempt.url, headers=headers) as response:
-                    if response.status in (429, 503):
-                        raise _Refused(f"{attempt.source} {attempt.parent or attempt.url} is busy ({response.status})")
-                    if response.status != 200:
-                        refusal = await answer_error(response, f"{attempt.source} {attempt.parent or attempt.url}")
-                        raise TemporaryError(
-                            f"{attempt.source} answered {response.status} for chunk {want.chunk}: {refusal.message}"
-                        )
-                    got = 0
-                    async for data in response.content.iter_any():
-                        if got + len(data) > want.length:
-                            raise IntegrityError(
-                                f"{attempt.source} sent more than the {want.length} bytes of {want.chunk}"
-                            )
-                        into[got : got + len(data)] = data
-                        got += len(data)
-                    if got != want.length:
-                        raise TemporaryError(f"{attempt.source} sent {got} of {want.length} bytes of {want.chunk}")
+                await self.client.get(attempt.url, into[: want.length], _ignore, headers)
         except TimeoutError:
-            raise _Slow(f"{attempt.source} {attempt.parent or attempt.url} too slow for {want.chunk}") from None
-        except aiohttp.ClientError as exc:
-            raise TemporaryError(f"{attempt.source} {attempt.url} unreachable: {exc}") from None
+            raise _Slow(f"{who} too slow for {want.chunk}") from None
+        except HttpAnswer as answer:
+            if answer.status in (429, 503):
+                raise _Refused(f"{who} is busy ({answer.status})") from None
+            refusal = status_error(answer.status, answer.headers, answer.body, who)
+            raise TemporaryError(
+                f"{attempt.source} answered {answer.status} for chunk {want.chunk}: {refusal.message}"
+            ) from None
 
     # --- announcing ----------------------------------------------------------------------------
 
@@ -348,6 +344,10 @@ class Sources:
         except (aiohttp.ClientError, TimeoutError, WeightshipError) as exc:
             event(log, "sources.announce_failed", logging.WARNING, tracker=self.tracker, error=str(exc))
         return False
+
+
+def _ignore(_nbytes: int) -> None:
+    """Bytes from peers and caches are counted per source once verified, not as they arrive."""
 
 
 class Deferred(Exception):

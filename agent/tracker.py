@@ -26,7 +26,9 @@ announces the chunk, reports the parent, or the lease runs out.
 Upstream admission: a node may go up a tier (cluster cache and beyond) for a chunk only when
 no peer can serve it, fewer than ``upstream_per_chunk`` nodes are already fetching that chunk
 upstream, and fewer than ``upstream_slots`` chunk fetches are granted cluster-wide (so at most
-that many nodes go upstream at once; a lone node may use them all). Few chunks in flight through the caches
+that many nodes go upstream at once; a lone node may use them all). The one exception to "no peer
+can serve it": a chunk the cluster cache holds whose peers are all busy, while fewer than half the
+grants are taken (the cache is then one more parent). Few chunks in flight through the caches
 at once means each arrives at full speed and peers start spreading it early, instead of every
 chunk crawling in at once (``bench/simulate.py`` shows the difference). Anyone else is
 told to wait ``retry_after`` and ask again: the chunk will come from a peer that fetched it.
@@ -85,13 +87,13 @@ class TrackerSettings:
     #: most sources in one answer (the first is the pick, the rest fallbacks)
     max_sources: int = 3
     #: most chunk fetches from the tier above at once, cluster-wide (so at most that many nodes)
-    upstream_slots: int = 4
+    upstream_slots: int = 8
     #: most nodes fetching one chunk from the tier above at once
     upstream_per_chunk: int = 1
     #: how long an upstream grant lasts without the node asking again or announcing
     upstream_lease: float = 30.0
     #: what a node told to wait should wait before asking again
-    retry_after: float = 0.2
+    retry_after: float = 0.1
     #: distinct reporters after which a parent is avoided by everyone
     report_quorum: int = 2
     penalty_corrupt: float = 300.0
@@ -151,6 +153,8 @@ class Availability:
     cached: frozenset[int] = frozenset()
     #: upstream grants free cluster-wide now
     upstream_free: int = 0
+    #: per chunk index: how many of its holders are below their fan-out bound now (empty: not told)
+    free: tuple[int, ...] = ()
 
 
 @dataclass
@@ -248,8 +252,13 @@ class Tracker:
 
     # --- choosing sources ----------------------------------------------------------------------
 
-    def sources(self, child: str, version: str, index: int) -> Advice:
-        """Ranked parents for chunk ``index`` of ``version``, and whether ``child`` may go upstream."""
+    def sources(self, child: str, version: str, index: int, cached: bool = False) -> Advice:
+        """Ranked parents for chunk ``index`` of ``version``, and whether ``child`` may go upstream.
+
+        ``cached``: the cluster cache holds the chunk, so when every peer holding it is busy the
+        cache may serve it as one more parent, with at most half the upstream grants (the other
+        half stays free for chunks only the cache has).
+        """
         self._sweep()
         now = self.clock()
         s = self.settings
@@ -262,7 +271,7 @@ class Tracker:
             if name == child or self._avoided(name, child, now):
                 continue
             parent = self._nodes[name].view
-            spare = min(parent.upload_slots_free, s.fanout) - self._load.get(name, 0)
+            spare = self._spare(name)
             if spare <= 0:
                 busy = True
                 continue
@@ -286,7 +295,10 @@ class Tracker:
             return Advice(picked, upstream_allowed=False)
         if busy:
             # Peers hold it and are only at their fan-out bound: one frees within a chunk's time, and
-            # the caches' links (the scarcest in the cluster) are kept for chunks no peer has.
+            # the caches' links (the scarcest in the cluster) are kept for chunks no peer has, unless
+            # the cache holds this one and has grants to spare (its link idles once a version is in).
+            if cached and self._cache_spare() and self._admit_upstream(child, key, now):
+                return Advice((), upstream_allowed=True)
             return Advice((), upstream_allowed=False, retry_after=s.retry_after)
         if self._admit_upstream(child, key, now):
             return Advice((), upstream_allowed=True)
@@ -303,23 +315,41 @@ class Tracker:
         self._upstream_chunk.setdefault(key, {})[child] = now + s.upstream_lease
         return True
 
-    def availability(self, child: str, version: str, count: int) -> Availability:
+    def _cache_spare(self) -> bool:
+        """Whether the cache may serve a chunk peers hold too: fewer than half the upstream grants are taken."""
+        return self._grants < self.settings.upstream_slots // 2
+
+    def availability(self, child: str, version: str, count: int, cached: Iterable[int] = ()) -> Availability:
         """Holders per chunk of ``version`` (``count`` chunks) as ``child`` sees them, for ``rank_chunks``.
 
-        Costs O(chunks held by live nodes of that version); a node asks a few times a second while it fetches.
+        ``cached``: the chunk indexes the cluster cache holds. Costs O(chunks held by live nodes of
+        that version); a node asks a few times a second while it fetches.
         """
         self._sweep()
         now = self.clock()
         holders = [0] * count
+        spare = [0] * count
         for name, versions in self._held.items():
             if name == child or self._avoided(name, child, now):
                 continue
+            slots = self._spare(name) > 0
             for index in versions.get(version, ()):
                 if 0 <= index < count:
                     holders[index] += 1
+                    spare[index] += slots
         fetching = frozenset(i for (v, i) in self._upstream_chunk if v == version)
         free = max(0, self.settings.upstream_slots - self._grants)
-        return Availability(tuple(holders), fetching, upstream_free=free)
+        held_here = frozenset(cached)
+        if self._cache_spare():
+            for index in held_here:
+                if 0 <= index < count and holders[index] > 0 and index not in fetching:
+                    spare[index] += 1  # the cache as one more parent (``sources``)
+        return Availability(tuple(holders), fetching, held_here, free, tuple(spare))
+
+    def _spare(self, parent: str) -> int:
+        """Children ``parent`` may still be sent now (its claimed free slots, at most ``fanout``, less its load)."""
+        view = self._nodes[parent].view
+        return min(view.upload_slots_free, self.settings.fanout) - self._load.get(parent, 0)
 
     def upstream_count(self) -> int:
         """Nodes holding an upstream grant now."""
@@ -442,12 +472,14 @@ def bitmap_of(indexes: Iterable[int], count: int) -> bytes:
 def rank_chunks(pending: Iterable[int], seen: Availability, salt: str) -> list[int]:
     """The order in which a node should ask for its ``pending`` chunk indexes, given ``seen``.
 
-    1. Chunks only the cluster cache holds, while upstream grants are free: each enters the swarm
-       through one node, so the cache's link (with the origin's, the scarce one) never idles.
-    2. Chunks peers hold, rarest first: the copies the swarm lacks most are made first, so the last
-       chunks do not wait on one parent (BitTorrent's rarest-first).
-    3. Chunks a node is fetching from the tier above now: a peer will hold them soon.
-    4. Chunks nobody holds yet, in chunk order, the order the cache reads a version ahead, so a node
+    1. Chunks only the cluster cache holds, while upstream grants are free, oldest first (the order
+       the cache reads a version ahead): each enters the swarm through one node, so the cache's
+       link (with the origin's, the scarce one) never idles, and no chunk waits there for long.
+    2. Chunks a peer with a free upload slot holds, rarest first: the copies the swarm lacks most are
+       made first, so the last chunks do not wait on one parent (BitTorrent's rarest-first).
+    3. Chunks only busy peers hold, rarest first: asked for once a parent frees up.
+    4. Chunks a node is fetching from the tier above now: a peer will hold them soon.
+    5. Chunks nobody holds yet, in chunk order, the order the cache reads a version ahead, so a node
        that must go up asks for the chunk arriving next.
 
     Ties are broken by a hash of (``salt``, index): nodes (salted with their names) take different
@@ -458,24 +490,33 @@ def rank_chunks(pending: Iterable[int], seen: Availability, salt: str) -> list[i
         held = seen.holders[index] if 0 <= index < len(seen.holders) else 0
         tie = hashlib.blake2b(f"{salt}/{index}".encode(), digest_size=8).digest()
         if held == 0 and index in seen.cached and index not in seen.fetching and seen.upstream_free > 0:
-            return (0, 0, tie)
+            return (0, index, tie)
         if held > 0:
-            return (1, held, tie)
+            return (1 if _free(index, seen) else 2, held, tie)
         if index in seen.fetching:
-            return (2, 0, tie)
-        return (3, index, b"")
+            return (3, 0, tie)
+        return (4, index, b"")
 
     return sorted(pending, key=key)
 
 
 def obtainable(index: int, seen: Availability) -> bool:
-    """Whether asking for chunk ``index`` now can succeed: a peer holds it, or an upstream grant is free.
+    """Whether asking for chunk ``index`` now can succeed: a peer with a free slot holds it, or an upstream grant is free.
 
     A node whose best pending chunk is not obtainable waits for news (``Availability``) instead of
     asking the tracker about chunks it would only be told to wait for.
     """
     held = seen.holders[index] if 0 <= index < len(seen.holders) else 0
-    return held > 0 or (seen.upstream_free > 0 and index not in seen.fetching)
+    if held > 0:
+        return _free(index, seen)
+    return seen.upstream_free > 0 and index not in seen.fetching
+
+
+def _free(index: int, seen: Availability) -> bool:
+    """Whether a holder of chunk ``index`` has a free upload slot (True when the tracker did not say)."""
+    if not seen.free:
+        return True
+    return 0 <= index < len(seen.free) and seen.free[index] > 0
 
 
 def indexes_of(bitmap: bytes, count: int | None = None) -> Sequence[int]:

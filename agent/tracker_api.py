@@ -103,7 +103,8 @@ class TrackerRoutes:
         index = (await self._order(version)).get(chunk)
         if index is None:
             raise NotFoundError(f"version {version} has no chunk {chunk}")
-        advice = self.tracker.sources(ticket.node, version, index)
+        cached = index in self.cached(await self.manifests(version))
+        advice = self.tracker.sources(ticket.node, version, index, cached)
         answer = TrackerSources(
             sources=[TrackerSource(node=s.node, address=s.address) for s in advice.sources],
             upstream_allowed=advice.upstream_allowed,
@@ -116,12 +117,13 @@ class TrackerRoutes:
         ticket = await self.tickets.check(request.headers.get("Authorization"), version)
         manifest = await self.manifests(version)
         order = await self._order(version)
-        seen = self.tracker.availability(ticket.node, version, len(order))
+        seen = self.tracker.availability(ticket.node, version, len(order), self.cached(manifest))
         answer = TrackerAvailability(
             holders=list(seen.holders),
             fetching=sorted(seen.fetching),
-            cached=sorted(self.cached(manifest)),
+            cached=sorted(seen.cached),
             upstream_free=seen.upstream_free,
+            free=list(seen.free),
         )
         return web.Response(text=answer.model_dump_json(), content_type="application/json")
 

@@ -46,12 +46,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.tracker import Availability, NodeView, Tracker, TrackerSettings, rank_chunks
+from agent.tracker import NodeView, Tracker, TrackerSettings, rank_chunks
 from weightship.sizes import parse_size
 
 VERSION = "sha256:" + "5e" * 32
 #: seconds a node keeps one availability answer (agent.sources.Sources's default)
-AVAILABILITY_TTL = 0.25
+AVAILABILITY_TTL = 0.1
 
 
 @dataclass(eq=False)
@@ -199,18 +199,17 @@ class Node:
         self.retry_pending = False
         tracker = self.sim.trackers[self.cluster]
         if self.sim.args.order == "rarest" and self.sim.net.now - self.ranked_at >= AVAILABILITY_TTL:
-            # what the agent's fetcher does (agent.sources.Sources.availability, at most every 0.25 s)
+            # what the agent's fetcher does (agent.sources.Sources.availability, at most every 0.1 s)
             self.ranked_at = self.sim.net.now
-            seen = tracker.availability(self.name, VERSION, self.sim.chunks)
-            cached = frozenset(self.sim.cluster_caches[self.cluster].held)
-            seen = Availability(seen.holders, seen.fetching, cached, seen.upstream_free)
+            cached = self.sim.cluster_caches[self.cluster].held
+            seen = tracker.availability(self.name, VERSION, self.sim.chunks, cached)
             self.todo = rank_chunks(self.todo, seen, self.name)
         asked = 0
         i = 0
         while len(self.inflight) < self.sim.args.concurrency and i < len(self.todo) and asked < self.sim.args.asks:
             index = self.todo[i]
             asked += 1
-            advice = tracker.sources(self.name, VERSION, index)
+            advice = tracker.sources(self.name, VERSION, index, index in self.sim.cluster_caches[self.cluster].held)
             if advice.sources:
                 parent = self.sim.nodes[advice.sources[0].node]
                 self._start(
@@ -360,8 +359,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "chunk": "4MiB",
         "asks": 64,
         "order": "rarest",
-        "concurrency": 8,
-        "read_ahead": 4,
+        "concurrency": 4,
+        "upstream_slots": 8,
+        "read_ahead": 2,
         "nic": 100e6,
         "origin": 100e6,
         "cache": 100e6,
@@ -388,13 +388,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="nodes per cluster fetching from the cache at once (default: cache link ÷ node link × concurrency)",
     )
-    parser.add_argument("--concurrency", type=int, help="chunks a node fetches at once (plan 4; fanout 8, as bench/fanout.py)")
+    parser.add_argument("--concurrency", type=int, help="chunks a node fetches at once (plan 4; fanout 4, the agent's --peer-concurrency)")
     parser.add_argument(
         "--retry-after", type=float, default=TrackerSettings().retry_after, help="seconds a node told to wait waits"
     )
     parser.add_argument(
         "--read-ahead", type=int, help="chunks each cluster cache pulls ahead at once (0: only on request; the agent's "
-        "default, 4, for fanout; 1 for plan)"
+        "default stream count, 2, for fanout; 1 for plan)"
     )
     parser.add_argument(
         "--order",

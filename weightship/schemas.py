@@ -797,6 +797,9 @@ class TrackerAvailability(_Schema):
     fetching: list[Count] = Field(default_factory=list, description="chunks some node fetches from a cache now")
     cached: list[Count] = Field(default_factory=list, description="chunks the cluster cache holds")
     upstream_free: Count = 0
+    free: list[Count] = Field(
+        default_factory=list, description="holders of each chunk with a free upload slot now (empty: not told)"
+    )
 
 
 class TrackerReport(_Schema):

@@ -13,6 +13,7 @@ from agent.tracker import (
     bitmap_of,
     chunk_order,
     indexes_of,
+    obtainable,
     rank_chunks,
 )
 from weightship.errors import ValidationError
@@ -263,8 +264,12 @@ def test_availability_counts_live_holders_other_than_the_asker_and_the_chunks_fe
         (Availability((2, 0, 0, 0), fetching=frozenset({1}), cached=frozenset({3}), upstream_free=1), [3, 0, 1, 2]),
         # no upstream grant free: the cached chunk is just one nobody else holds yet
         (Availability((2, 0, 0, 0), cached=frozenset({3}), upstream_free=0), [0, 1, 2, 3]),
+        # several chunks only the cache has: the oldest (the cache reads in chunk order) first
+        (Availability((0, 0, 0, 0), cached=frozenset({1, 2, 3}), upstream_free=2), [1, 2, 3, 0]),
+        # a rare chunk whose holders are all busy comes after a commoner one a free holder has
+        (Availability((1, 3, 0, 0), free=(0, 1, 0, 0)), [1, 0, 2, 3]),
     ],
-    ids=["chunk_order", "rarest_first", "cache_only_first", "no_upstream_slot"],
+    ids=["chunk_order", "rarest_first", "cache_only_first", "no_upstream_slot", "cache_only_oldest", "free_first"],
 )
 def test_chunks_are_ranked_cache_only_then_rarest_then_in_flight_then_chunk_order(
     seen: Availability, expected: list[int]
@@ -277,3 +282,34 @@ def test_nodes_break_ties_between_equally_rare_chunks_differently() -> None:
     orders = {tuple(rank_chunks(range(64), seen, f"n{i:02d}")[:4]) for i in range(16)}
     assert len(orders) == 16  # sixteen nodes, sixteen different first picks among equals
     assert sorted(rank_chunks(range(64), seen, "n00")) == list(range(64))
+
+
+def test_availability_tells_which_chunks_a_parent_with_a_free_slot_holds() -> None:
+    tracker, _ = make(fanout=1, upstream_slots=4)
+    tracker.announce(node("p1"), {V: [0, 1]})
+    tracker.announce(node("p2"), {V: [1]})
+    tracker.announce(node("asker"), {V: []})
+    assert tracker.availability("asker", V, 3).free == (1, 2, 0)
+    assert tracker.sources("other", V, 0).sources[0].node == "p1"  # p1 is at its fan-out bound now
+    seen = tracker.availability("asker", V, 3)
+    assert seen.holders == (1, 2, 0)
+    assert seen.free == (0, 1, 0)
+    assert not obtainable(0, seen)  # held, but only by a busy parent: not worth asking about now
+    assert obtainable(1, seen)
+
+
+def test_the_cache_serves_a_chunk_whose_peers_are_busy_with_at_most_half_the_grants() -> None:
+    tracker, _ = make(fanout=1, upstream_slots=4)
+    tracker.announce(node("parent"), {V: [0, 1, 2, 3]})
+    assert tracker.sources("a", V, 0).sources[0].node == "parent"  # the only parent is busy from now on
+    assert not tracker.sources("b", V, 0, cached=False).upstream_allowed  # the cache lacks it: wait
+    seen = tracker.availability("b", V, 4, cached=[0, 1])
+    assert seen.free == (1, 1, 0, 0)  # the cache counts as a free holder of what it has
+    assert tracker.sources("b", V, 0, cached=True).upstream_allowed
+    assert tracker.sources("c", V, 1, cached=True).upstream_allowed
+    # two of four grants taken: the rest stay for chunks only the cache has
+    refused = tracker.sources("d", V, 1, cached=True)
+    assert not refused.upstream_allowed
+    assert refused.retry_after > 0
+    assert tracker.availability("d", V, 4, cached=[0, 1]).free == (0, 0, 0, 0)
+    assert tracker.sources("d", V, 9).upstream_allowed  # a chunk nobody has still gets a grant
