@@ -20,9 +20,11 @@ A cache is the agent run with ``--role cache``: no deployments of its own, a pee
    have it, to the origin through a blob URL from the control plane (a ``Range`` read). At most
    ``upstream_concurrency`` fetches run at once, paced by ``upstream_bandwidth``.
 4. **Read-ahead.** The first request for a version (a chunk, or the tracker's availability for
-   it) starts reading the whole version from upstream in chunk order, ``read_ahead`` chunks at
-   once, through the same single flight: the origin link stays busy while nodes are still busy
-   with earlier chunks, and each chunk is fetched once whether a node or the read-ahead asked.
+   it) starts reading the whole version from upstream in chunk order, ``read_ahead`` streams at
+   once (from the origin, one range read per run of up to ``STREAM_CHUNKS`` chunks, each chunk
+   kept and served as soon as its bytes are in), through the same single flight: the origin link
+   stays busy without gaps while nodes are still busy with earlier chunks, and each chunk is
+   fetched once whether a node or the read-ahead asked.
 5. **Verified before stored or served.** The bytes must hash to the chunk digest. If they do
    not, nothing is stored, every waiting requester gets 502 ``upstream_corrupt``, the event
    ``cache.upstream_corrupt`` names the source, the counter
@@ -60,6 +62,8 @@ log = logging.getLogger("agent.cache")
 
 #: a blob URL is renewed this long before it expires
 _URL_MARGIN = timedelta(seconds=30)
+#: most consecutive chunks one read-ahead stream brings in one origin range read
+STREAM_CHUNKS = 16
 
 
 class UpstreamCorrupt(WeightshipError):
@@ -110,7 +114,7 @@ class ReadThroughCache:
         upstream_bandwidth: float = 0.0,
         refresh_seconds: float = 5.0,
         avoid_seconds: float = 60.0,
-        read_ahead: int = 4,
+        read_ahead: int = 2,
     ) -> None:
         self.store = store
         self.source = source
@@ -122,7 +126,7 @@ class ReadThroughCache:
         self.stats = CacheStats()
         self.manifests: dict[str, Manifest] = {}
         self.pinned: frozenset[str] = frozenset()
-        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._inflight: dict[str, asyncio.Future[None]] = {}
         self.read_ahead = read_ahead
         self._ahead: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(upstream_concurrency)
@@ -204,14 +208,18 @@ class ReadThroughCache:
             raise TemporaryError(f"chunk {chunk} was evicted as soon as it was stored; the cache is full", delay=1.0)
         return ChunkLocation(self.store.path(chunk), 0, size)
 
-    def _flight(self, manifest: Manifest, number: int, index: int, chunk: str) -> asyncio.Task[None]:
-        """The one fetch of ``chunk`` (single flight): the running one, or a new one."""
-        task = self._inflight.get(chunk)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._fill(manifest, number, index, chunk))
-            self._inflight[chunk] = task
-            task.add_done_callback(lambda _t: self._inflight.pop(chunk, None))
-        return task
+    def _flight(self, manifest: Manifest, number: int, index: int, chunk: str) -> asyncio.Future[None]:
+        """The one fetch of ``chunk`` (single flight): the running one (maybe a read-ahead stream), or a new one."""
+        flight = self._inflight.get(chunk)
+        if flight is None:
+            flight = asyncio.get_running_loop().create_task(self._fill(manifest, number, index, chunk))
+            self._in_flight(chunk, flight)
+        return flight
+
+    def _in_flight(self, chunk: str, flight: asyncio.Future[None]) -> None:
+        """Register ``flight`` as the one fetch of ``chunk`` until it is done."""
+        self._inflight[chunk] = flight
+        flight.add_done_callback(lambda _f: self._inflight.pop(chunk, None))
 
     def start_read_ahead(self, manifest: Manifest) -> None:
         """Start reading ``manifest``'s version ahead (once per version; no-op with ``read_ahead`` 0)."""
@@ -223,24 +231,105 @@ class ReadThroughCache:
         return [i for i, digest in enumerate(chunk_order(manifest)) if self.store.holds(digest)]
 
     async def _read_version(self, manifest: Manifest) -> None:
-        """Fetch every chunk of ``manifest`` not held, in chunk order, ``read_ahead`` at a time."""
+        """Fetch every chunk of ``manifest`` not held, in chunk order, ``read_ahead`` streams at a time.
+
+        From the origin each stream is one range read over up to ``STREAM_CHUNKS`` consecutive
+        chunks of a file, kept and served one by one as their bytes arrive: one request per run
+        rather than per chunk, so the origin link has no gaps between chunks and chunks reach the
+        cluster one after another at the link's pace. From an upstream cache, chunk by chunk.
+        """
         where: dict[str, tuple[int, int]] = {}
         for number, entry in enumerate(manifest.files):
             for index, digest in enumerate(entry.chunks):
                 where.setdefault(digest, (number, index))
-        running: set[asyncio.Task[None]] = set()
+        todo = [digest for digest in chunk_order(manifest) if not self.store.holds(digest)]
         fetched = 0
-        for digest in chunk_order(manifest):
-            if self.store.holds(digest):
-                continue
-            while len(running) >= self.read_ahead:
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                fetched += _count_done(done)
-            running.add(self._flight(manifest, *where[digest], digest))
-        if running:
-            done, _ = await asyncio.wait(running)
-            fetched += _count_done(done)
+
+        async def stream() -> None:
+            nonlocal fetched
+            while todo:
+                run = self._claim_run(manifest, where, todo)
+                if run:
+                    fetched += await self._stream(manifest, *run)
+                    continue
+                digest = todo.pop(0)
+                if not self.store.holds(digest):
+                    done, _ = await asyncio.wait({self._flight(manifest, *where[digest], digest)})
+                    fetched += _count_done(done)
+
+        await asyncio.gather(*(stream() for _ in range(max(1, self.read_ahead))))
         event(log, "cache.read_ahead_done", version=manifest.digest, fetched=fetched)
+
+    def _claim_run(
+        self, manifest: Manifest, where: dict[str, tuple[int, int]], todo: list[str]
+    ) -> tuple[int, list[tuple[int, str, asyncio.Future[None]]]] | None:
+        """Take the next chunks of ``todo`` that one origin range read can bring (None: fetch the next alone).
+
+        Consecutive chunks of one file, neither held nor in flight, at most ``STREAM_CHUNKS``; each
+        gets a future in the single flight, so requesters wait for the stream instead of fetching again.
+        """
+        if self.upstream and time.monotonic() >= self._avoid_upstream_until:
+            return None
+        number, first = where[todo[0]]
+        entry = manifest.files[number]
+        loop = asyncio.get_running_loop()
+        run: list[tuple[int, str, asyncio.Future[None]]] = []
+        index = first
+        while todo and index < len(entry.chunks) and len(run) < STREAM_CHUNKS:
+            digest = entry.chunks[index]
+            if todo[0] != digest or where[digest] != (number, index):
+                break
+            if self.store.holds(digest) or digest in self._inflight:
+                break
+            todo.pop(0)
+            future: asyncio.Future[None] = loop.create_future()
+            self._in_flight(digest, future)
+            run.append((index, digest, future))
+            index += 1
+        return (number, run) if run else None
+
+    async def _stream(self, manifest: Manifest, number: int, run: list[tuple[int, str, asyncio.Future[None]]]) -> int:
+        """Read the chunks of ``run`` (consecutive, file ``number``) in one origin range read; returns how many were kept."""
+        entry = manifest.files[number]
+        start = entry.chunk_range(run[0][0], manifest.chunk_size)[0]
+        end = entry.chunk_range(run[-1][0], manifest.chunk_size)[1]
+        kept = 0
+        try:
+            async with self._slots:
+                url = await self._origin_url(entry.sha256)
+                what = f"origin blob {entry.sha256}"
+                http = await self._session()
+                headers = {"Range": f"bytes={start}-{end - 1}"}
+                try:
+                    async with http.get(url.url, headers=headers) as response:
+                        if response.status != 206 or response.content_length != end - start:
+                            self._urls.pop(entry.sha256, None)
+                            refusal = await answer_error(response, what) if response.status >= 400 else None
+                            raise TemporaryError(f"{what} answered HTTP {response.status} to a range read"
+                                                 f"{f': {refusal.message}' if refusal else ''}")  # fmt: skip
+                        keeping: list[asyncio.Task[bool]] = []
+                        for index, digest, future in run:
+                            lo, hi = entry.chunk_range(index, manifest.chunk_size)
+                            await self._bucket.take(hi - lo)
+                            data = await response.content.readexactly(hi - lo)
+                            self.stats.fetches["origin"] += 1
+                            self.stats.fetch_bytes["origin"] += len(data)
+                            # Verified and stored while the next chunk arrives: the stream never waits on disk.
+                            keeping.append(asyncio.create_task(self._keep_for(manifest, digest, data, what, future)))
+                        kept = sum(await asyncio.gather(*keeping))
+                except (aiohttp.ClientError, asyncio.IncompleteReadError, TimeoutError) as exc:
+                    raise TemporaryError(f"{what} failed: {exc!r}") from None
+        except WeightshipError as exc:
+            event(log, "cache.stream_failed", logging.WARNING, blob=entry.sha256, error=exc.message)
+            for _index, _digest, future in run:
+                if not future.done():
+                    future.set_exception(exc)
+                    future.exception()  # retrieved here: a requester that waits sees it too
+        finally:
+            for _index, _digest, future in run:
+                if not future.done():
+                    future.cancel()
+        return kept
 
     async def _fill(self, manifest: Manifest, number: int, index: int, chunk: str) -> None:
         entry = manifest.files[number]
@@ -261,9 +350,29 @@ class ReadThroughCache:
                 data = await self._from_origin(entry.sha256, start, end - start)
             self.stats.fetches[where] += 1
             self.stats.fetch_bytes[where] += len(data)
-        actual = await asyncio.get_running_loop().run_in_executor(self.executor, sha256_hex, data)
+        source = self.upstream if where == "upstream" else f"origin blob {entry.sha256}"
+        await self._keep(manifest, chunk, data, where, source)
+
+    async def _keep_for(
+        self, manifest: Manifest, chunk: str, data: bytes, source: str, future: asyncio.Future[None]
+    ) -> bool:
+        """``_keep`` a streamed chunk and settle its single-flight ``future``; True once stored."""
+        try:
+            await self._keep(manifest, chunk, data, "origin", source)
+        except WeightshipError as exc:
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: requesters that wait see it too
+            return False
+        if not future.done():
+            future.set_result(None)
+        return True
+
+    async def _keep(self, manifest: Manifest, chunk: str, data: bytes, where: str, source: str) -> None:
+        """Store ``data`` as ``chunk`` if it hashes to it; else count, log and raise ``UpstreamCorrupt``."""
+        loop = asyncio.get_running_loop()
+        actual = await loop.run_in_executor(self.executor, sha256_hex, data)
         if actual != chunk:
-            source = self.upstream if where == "upstream" else f"origin blob {entry.sha256}"
             self.stats.corrupt[where] = self.stats.corrupt.get(where, 0) + 1
             if where == "upstream":
                 self._avoid_upstream_until = time.monotonic() + self.avoid_seconds
@@ -273,7 +382,7 @@ class ReadThroughCache:
                 f"{source} sent bytes for chunk {chunk} that hash to {actual}; rejected and not stored. "
                 "Fetch the chunk from another source"
             )
-        await asyncio.get_running_loop().run_in_executor(self.executor, self.store.put, chunk, data, self.pinned)
+        await loop.run_in_executor(self.executor, self.store.put, chunk, data, self.pinned)
         event(log, "cache.stored", chunk=chunk, bytes=len(data), source=where)
 
     async def _read(self, response: aiohttp.ClientResponse, length: int, what: str) -> bytes:
@@ -305,7 +414,7 @@ class ReadThroughCache:
         url = f"{self.upstream}/v1/chunks/{chunk}?version={version}&blob={blob}&index={index}"
         return await self._get(url, {"Authorization": f"Ticket {ticket}"}, length, f"upstream {self.upstream}")
 
-    async def _from_origin(self, blob: str, start: int, length: int) -> bytes:
+    async def _origin_url(self, blob: str) -> BlobURL:
         url = self._urls.get(blob)
         if url is None or url.expires_at - _URL_MARGIN <= datetime.now(UTC):
             # One control-plane call per blob, not per chunk: on a busy control plane that call, not
@@ -314,6 +423,10 @@ class ReadThroughCache:
             if blob not in urls:
                 raise NotFoundError(f"the control plane gave no URL for blob {blob}")
             url = self._urls[blob] = urls[blob]
+        return url
+
+    async def _from_origin(self, blob: str, start: int, length: int) -> bytes:
+        url = await self._origin_url(blob)
         headers = {"Range": f"bytes={start}-{start + length - 1}"}
         try:
             return await self._get(url.url, headers, length, f"origin blob {blob}")
@@ -340,7 +453,7 @@ class ReadThroughCache:
         return "\n".join(lines) + "\n"
 
 
-def _count_done(done: set[asyncio.Task[None]]) -> int:
+def _count_done(done: set[asyncio.Future[None]]) -> int:
     """Fetches that succeeded; a failed one is logged here and left to the nodes to ask for again."""
     ok = 0
     for task in done:
