@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from controlplane.persistence.db import utcnow
 from controlplane.rollout_driver import FleetRolloutDriver, Outcome
 from controlplane.settings import Settings
 from controlplane.state import AppState
@@ -351,8 +352,10 @@ def test_a_deposed_driver_cannot_move_the_pointer(world: World, hook: Hook, cp_s
     assert stale is not None
     assert stale.epoch == 1
 
-    later = FakeClock(world.clock.now)
-    later.advance(3600)  # ... past its lease: the second process takes over
+    # The live driver's lease runs on the real clock (the fake one drives only the engine): an hour
+    # past real now is past its lease, whatever day the suite runs, and the second process takes over.
+    later = FakeClock(utcnow())
+    later.advance(3600)
     second = FleetRolloutDriver(cp_state, first.providers, holder="second", clock=world.clock, lease_clock=later)
     assert second.take_lease(created["id"])
     assert not first.take_lease(created["id"])
