@@ -127,8 +127,9 @@ async def test_of_two_operator_replicas_one_acts_and_the_other_only_after_the_le
     assert held["holderIdentity"] == "op-a"
     assert {who for who, _, _ in writes(kmock_server)} == {"op-a"}  # the follower wrote nothing at all
 
-    mark = len(list(kmock_server))
     first.stop()  # a clean stop does not release the Lease: op-b waits until it expires
+    # Counted once op-a has exited: a write it had in flight when SIGTERM came may still land.
+    mark = len(list(kmock_server))
     last_renewal = _time(lease(kmock_server)["renewTime"])
     taken = await eventually_async(
         lambda: (held_now := lease(kmock_server)).get("holderIdentity") == "op-b" and held_now, WAIT, "op-b to lead"
@@ -138,4 +139,5 @@ async def test_of_two_operator_replicas_one_acts_and_the_other_only_after_the_le
 
     await verb(kmock_server, "promote-full")
     await deployed(kmock_server, digests["v2"])
-    assert {who for who, _, _ in writes(kmock_server, mark)} == {"op-b"}
+    after = writes(kmock_server, mark)
+    assert {who for who, _, _ in after} == {"op-b"}, after
