@@ -56,6 +56,16 @@ router = APIRouter(prefix="/v1", tags=["registry"])
 _IMMUTABLE = "private, max-age=31536000, immutable"
 
 
+class BlobResponse(FileResponse):
+    """A file response that reads 1 MiB per step instead of Starlette's 64 KiB.
+
+    Each step is one hop to a worker thread and back: at 64 KiB a 100 Mbit/s link needs about 190
+    a second, and on a busy host their scheduling delays leave the link idle in gaps.
+    """
+
+    chunk_size = 1024 * 1024
+
+
 @router.get("/models", response_model=list[ModelInfo])
 def list_models(request: Request, _principal: Principal = Depends(require(*ANY_ROLE))) -> list[ModelInfo]:
     """Every model, with its number of versions."""
@@ -199,15 +209,15 @@ def blob_urls(
     return BlobURLs(urls=urls)
 
 
-@router.head("/blobs/{sha256}", response_class=FileResponse, include_in_schema=False)
+@router.head("/blobs/{sha256}", response_class=BlobResponse, include_in_schema=False)
 @router.get(
     "/blobs/{sha256}",
-    response_class=FileResponse,
+    response_class=BlobResponse,
     responses=errors(403, 404, 416) | {206: {"description": "Partial Content: the range asked for"}},
 )
 def read_blob(
     sha256: str, request: Request, expires: int = Query(..., ge=0, le=INT64_MAX), sig: str = Query(..., max_length=128)
-) -> FileResponse:
+) -> BlobResponse:
     """A blob of the local store, on a signed URL; HTTP range requests are served from the file."""
     state = state_of(request)
     store = state.store
@@ -219,7 +229,7 @@ def read_blob(
     path = store.blob_path(sha256)
     if not path.is_file():
         raise NotFoundError(f"blob {sha256} is not in the store")
-    return FileResponse(
+    return BlobResponse(
         path,
         media_type="application/octet-stream",
         headers={"ETag": f'"{sha256}"', "Cache-Control": _IMMUTABLE},
