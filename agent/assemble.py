@@ -88,7 +88,8 @@ class Assembler:
         self.counters = counters
         self.executor = executor
         self.protected = protected
-        #: stagings being fetched, by digest: the peer listener serves their verified chunks
+        #: stagings being fetched or left by a failed or cancelled fetch, by digest: the peer listener
+        #: serves their verified chunks (the daemon drops one when retention evicts it)
         self.staging: dict[str, Staging] = {}
 
     async def _run(self, fn: Callable[..., _R], *args: object) -> _R:
@@ -117,6 +118,7 @@ class Assembler:
             await self._run(staging.open)
             if resumed:
                 await self._run(staging.reverify)
+            self.staging[digest] = staging  # served from now on, in place of an earlier try's (re-checked above)
             linked = await self._run(staging.link_identical, self.store.local_files())
             self.counters.add(bytes_copied_locally=linked)
             progress.bytes_present = staging.bytes_present()
@@ -161,13 +163,15 @@ class Assembler:
                     progress.trouble_at = datetime.now(UTC)
                     self.on_trouble()  # report "retrying" now, not at the next periodic heartbeat
 
-            self.staging[digest] = staging
             try:
                 local = {**self.store.local_chunks(), **staging.own_chunks()}
                 await self.fetcher.fetch(staging, local, placed, trouble)
             finally:
-                self.staging.pop(digest, None)
                 self.retention.release(digest)
+            # Only a fetch that ended well stops serving from the staging area here. One that failed
+            # (a full disk stops our downloads, not our uploads) or was cancelled leaves its verified
+            # chunks on disk and announced: they stay served until the next try or an eviction.
+            self.staging.pop(digest, None)
             final = await self._run(staging.finish)
             await self._run(self.store.install, final, manifest)
             staging.discard_journal()

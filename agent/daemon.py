@@ -103,6 +103,8 @@ class Agent:
         self._reports: list[ValidationReport] = []
         self._usage = 0
         self._changed = asyncio.Event()
+        #: the loop ``run`` runs on (worker threads hand it work)
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.blob_client = RangeClient(max_idle=max(16, config.concurrency * 2))
         self.sources = self._sources()
         fetcher = Fetcher(
@@ -128,6 +130,7 @@ class Agent:
             lambda: self.reconciler.protected(),  # the reconciler is created just below
             on_trouble=self._changed.set,
         )
+        self.retention.on_evicted = self._evicted(assembler)
         self.reconciler = Reconciler(
             self.store,
             self.book,
@@ -142,6 +145,16 @@ class Agent:
             on_change=self._changed.set,
         )
         self._peer_setup(assembler)
+
+    def _evicted(self, assembler: Assembler) -> Callable[[str], None]:
+        """What retention calls (in a worker thread) once it removed a version: stop serving and announcing it."""
+
+        def evicted(digest: str) -> None:
+            assembler.staging.pop(digest, None)  # one dict step: safe beside the event loop's reads
+            if self.sources is not None and self.loop is not None:
+                self.loop.call_soon_threadsafe(self.sources.forget, digest)
+
+        return evicted
 
     def _sources(self) -> Sources | None:
         """Peers (via the tracker) and caches between local copies and the origin; None on a cache or with none set."""
@@ -250,7 +263,7 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.store.recover)
         cfg = self.config
         api = LocalAPI(self.serving, self.heartbeat, self._report, self.serve_metrics.receive)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent.store import VersionStore
@@ -65,8 +65,11 @@ class Retention:
         store: VersionStore,
         quota_bytes: int,
         min_free_bytes: int,
+        on_evicted: Callable[[str], None] = lambda _digest: None,
     ) -> None:
         self.store = store
+        #: called with each evicted digest, in the evicting (worker) thread
+        self.on_evicted = on_evicted
         self.quota_bytes = quota_bytes
         self.min_free_bytes = min_free_bytes
         self._reserved: dict[str, int] = {}
@@ -148,6 +151,7 @@ class Retention:
             self.store.remove_staging(victim.digest)
         else:
             self.store.remove(victim.digest)
+        self.on_evicted(victim.digest)
         event(
             log, "retention.evicted", digest=victim.digest, partial=victim.partial, last_used=f"{victim.last_used:.0f}"
         )

@@ -298,6 +298,11 @@ class Sources:
             self._held[manifest.digest] = ({d: i for i, d in enumerate(chunk_order(manifest))}, set())
         self.verified(manifest, chunks)
 
+    def forget(self, version: str) -> None:
+        """``version`` is gone from this node (evicted): the next announcement no longer names it."""
+        if self._held.pop(version, None) is not None:
+            self._dirty.set()
+
     def verified(self, manifest: Manifest, chunks: Iterable[str]) -> None:
         """These chunks of ``manifest`` were verified here: announce them soon."""
         if not self.tracker or not self.address:

@@ -7,6 +7,7 @@ signed by the control plane for a node enrolled over the API.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.agent.agent_processes import Spawn, eventually
+from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.fleet import Fleet
+from tests.agent.local_versions import small_tmpfs
 from tests.agent.peers import chunk_bytes, chunk_request, largest_file, metric, peer_url, ticket
 from weightship.digests import sha256_hex
 from weightship.testing import FaultProxy
@@ -139,3 +141,43 @@ async def test_the_upload_bandwidth_cap_paces_what_a_node_sends(
     assert all(a.status_code == 200 for a in answers)
     # 64 KiB of burst, then 320 KiB at 128 KiB/s: at least 2.5 s.
     assert elapsed >= 2.3, elapsed
+
+
+async def test_a_node_whose_disk_fills_mid_fetch_still_serves_the_chunks_it_verified(
+    tmp_path: Path, fleet: Fleet, proxy: FaultProxy, model: str, deployment: str, make_model: Callable[..., Path]
+) -> None:
+    source = make_model("m1", tensors_mb=1.0, seed=4)
+    v1 = fleet.publish(source, model, "v1")
+    fleet.point(deployment, model, "v1")
+    with small_tmpfs(tmp_path / "disk", "4m") as disk:
+        node = AgentProcess(disk, "peer-full", fleet.cp.url, fleet.agent_token, [deployment], ["--concurrency", "1", *PEER])
+        node.log_path = tmp_path / "peer-full.log"
+        proxy.hold_after = 2  # two chunks arrive, then the origin stalls while the disk fills
+        node.start()
+        try:
+            await node.ready()
+            await eventually(lambda: proxy.held() or None, 30, "the fetch to stall at the origin")
+            stat = os.statvfs(disk)
+            (disk / "filler").write_bytes(bytes(stat.f_bavail * stat.f_frsize - 48 * 1024))  # < one 64 KiB chunk
+            proxy.release()
+            failure = await eventually(lambda: fleet.failed("peer-full", v1.digest), 30, "the fetch to fail")
+            assert "disk full" in failure.error or "no room" in failure.error, failure.error
+            assert "disk full while writing" in node.log()  # it failed mid-fetch, not at the room check
+
+            auth = {"Authorization": "Ticket " + ticket(fleet, f"{model}-holder", [deployment], [v1.digest])}
+            fetched = {(s.blob, s.start) for s in proxy.served[:2]}
+            served = 0
+            async with httpx.AsyncClient(timeout=10) as http:
+                for f, entry in enumerate(v1.files):
+                    for index in range(len(entry.chunks)):
+                        url, _chunk = chunk_request(peer_url(node), v1, f, index)
+                        response = await http.get(url, headers=auth)
+                        if (entry.sha256, entry.chunk_range(index, v1.chunk_size)[0]) in fetched:
+                            assert response.status_code == 200, (f, index, response.text)
+                            assert response.content == chunk_bytes(source, v1, f, index)
+                            served += 1
+                        else:
+                            assert response.status_code == 404, (f, index, response.text)
+            assert served == 2
+        finally:
+            await node.close()

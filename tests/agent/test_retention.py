@@ -34,9 +34,11 @@ def three(tmp_path: Path, make_model: Callable[..., Path]) -> tuple[VersionStore
 def test_make_room_evicts_least_recently_used_unprotected_versions_only(three: tuple[VersionStore, list[str]]) -> None:
     store, (d0, d1, d2) = three
     quota = store.usage_bytes() + 10_000
-    retention = Retention(store, quota, 0)
+    gone: list[str] = []  # the daemon stops serving and announcing what is evicted
+    retention = Retention(store, quota, 0, on_evicted=gone.append)
     evicted = retention.make_room("sha256:" + "f" * 64, 200_000, {d0})
     assert evicted == [d1], "d0 is protected, so d1 (the next oldest) goes, and only as much as needed"
+    assert gone == [d1]
     assert set(store.ready()) == {d0, d2}
     assert retention.reserved() == 200_000
 
