@@ -293,7 +293,9 @@ class ReadThroughCache:
         entry = manifest.files[number]
         start = entry.chunk_range(run[0][0], manifest.chunk_size)[0]
         end = entry.chunk_range(run[-1][0], manifest.chunk_size)[1]
-        kept = 0
+        # One task per chunk whose bytes are all in: it verifies and stores the chunk, then settles
+        # the chunk's single-flight future itself, whatever becomes of the rest of the stream.
+        keeping: list[asyncio.Task[bool]] = []
         try:
             async with self._slots:
                 url = await self._origin_url(entry.sha256)
@@ -307,7 +309,6 @@ class ReadThroughCache:
                             refusal = await answer_error(response, what) if response.status >= 400 else None
                             raise TemporaryError(f"{what} answered HTTP {response.status} to a range read"
                                                  f"{f': {refusal.message}' if refusal else ''}")  # fmt: skip
-                        keeping: list[asyncio.Task[bool]] = []
                         for index, digest, future in run:
                             lo, hi = entry.chunk_range(index, manifest.chunk_size)
                             await self._bucket.take(hi - lo)
@@ -316,20 +317,19 @@ class ReadThroughCache:
                             self.stats.fetch_bytes["origin"] += len(data)
                             # Verified and stored while the next chunk arrives: the stream never waits on disk.
                             keeping.append(asyncio.create_task(self._keep_for(manifest, digest, data, what, future)))
-                        kept = sum(await asyncio.gather(*keeping))
                 except (aiohttp.ClientError, asyncio.IncompleteReadError, TimeoutError) as exc:
                     raise TemporaryError(f"{what} failed: {exc!r}") from None
         except WeightshipError as exc:
             event(log, "cache.stream_failed", logging.WARNING, blob=entry.sha256, error=exc.message)
-            for _index, _digest, future in run:
+            for _index, _digest, future in run[len(keeping) :]:
                 if not future.done():
                     future.set_exception(exc)
                     future.exception()  # retrieved here: a requester that waits sees it too
         finally:
-            for _index, _digest, future in run:
+            for _index, _digest, future in run[len(keeping) :]:
                 if not future.done():
-                    future.cancel()
-        return kept
+                    future.cancel()  # the stream itself was cancelled (shutdown)
+        return sum(await asyncio.gather(*keeping))
 
     async def _fill(self, manifest: Manifest, number: int, index: int, chunk: str) -> None:
         entry = manifest.files[number]
