@@ -196,7 +196,7 @@ class Agent:
             cache.start_read_ahead(version)
             return cache.held_indexes(version)
 
-        return TrackerRoutes(Tracker(settings), self.tickets, manifest, cached)
+        return TrackerRoutes(Tracker(settings), self.tickets, manifest, cached, cache.store.holds)
 
     def _peer_setup(self, assembler: Assembler) -> None:
         """The peer listener (when configured; always on a cache), its tickets and, on a cache, the chunk cache."""

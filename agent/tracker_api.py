@@ -47,12 +47,15 @@ class TrackerRoutes:
         tickets: TicketKeeper,
         manifests: Callable[[str], Awaitable[Manifest]],
         cached: Callable[[Manifest], Iterable[int]] = lambda _m: (),
+        holds: Callable[[str], bool] = lambda _chunk: False,
     ) -> None:
         self.tracker = tracker
         self.tickets = tickets
         self.manifests = manifests
         #: chunk indexes (chunk order) of a version the cache holds; the cache's read-ahead starts here
         self.cached = cached
+        #: whether the cache holds one chunk (by digest): what a sources answer needs, in O(1)
+        self.holds = holds
         self._orders: dict[str, dict[str, int]] = {}
 
     def mount(self, app: web.Application) -> None:
@@ -103,8 +106,7 @@ class TrackerRoutes:
         index = (await self._order(version)).get(chunk)
         if index is None:
             raise NotFoundError(f"version {version} has no chunk {chunk}")
-        cached = index in self.cached(await self.manifests(version))
-        advice = self.tracker.sources(ticket.node, version, index, cached)
+        advice = self.tracker.sources(ticket.node, version, index, self.holds(chunk))
         answer = TrackerSources(
             sources=[TrackerSource(node=s.node, address=s.address) for s in advice.sources],
             upstream_allowed=advice.upstream_allowed,
