@@ -209,6 +209,7 @@ def _serve(host: str, port: int, log_level: str) -> int:
     import uvicorn
 
     from controlplane.app import create_app
+    from controlplane.server import DrainingServer
 
     sock = _bind(host, port)
     bound_port = int(sock.getsockname()[1])
@@ -231,9 +232,10 @@ def _serve(host: str, port: int, log_level: str) -> int:
         "WEIGHTSHIP_PUBLIC_URL" if explicit else "bound_address",
         settings.store_url,
     )
-    config = uvicorn.Config(create_app(settings), host=host, port=bound_port, log_level=log_level, proxy_headers=True)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=host, port=bound_port, log_level=log_level, proxy_headers=True)
     _tune_gc()
-    uvicorn.Server(config).run(sockets=[sock])
+    DrainingServer(config, app).run(sockets=[sock])
     return 0
 
 

@@ -112,6 +112,8 @@ class Snapshots:
         self._generation = 0
         self._dirty = False
         self._refreshing: asyncio.Task[None] | None = None
+        #: set by ``drain``: the process is stopping and polls answer at once instead of parking
+        self.draining = False
 
     # --- what the desired-state route uses ----------------------------------------------------
 
@@ -188,6 +190,18 @@ class Snapshots:
                 waiting.discard(future)
                 if not waiting:
                     del self._waiters[name]
+
+    def drain(self) -> None:
+        """The process is stopping: wake every parked poll (each answers what it has) and park no more.
+
+        The server waits for open requests before it exits, and a parked poll would hold it up for
+        the rest of its wait; answered now, its agent asks again and reaches another replica.
+        """
+        self.draining = True
+        for waiting in (*self._waiters.values(), *self._node_waiters.values()):
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
 
     def parked(self) -> int:
         """How many (deployment, poll) waits are registered right now."""

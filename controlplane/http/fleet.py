@@ -146,7 +146,7 @@ async def desired(
                 *desired_answer(state, name, snapshots.rows(names)), snapshots.stage(node_id)
             )
             remaining = deadline - loop.time()
-            if after is None or revision != after or remaining <= 0:
+            if after is None or revision != after or remaining <= 0 or snapshots.draining:
                 body = b'{"node_id":%s,"revision":"%s",%s}' % (
                     json.dumps(node_id).encode(),
                     revision.encode(),

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import re
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.agent.agent_processes import Spawn, eventually
+from tests.agent.agent_processes import AgentProcess, Spawn, eventually
+from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.agent.fleet import Fleet
 from weightship.manifest import Manifest
 
@@ -60,3 +64,31 @@ async def test_agent_keeps_serving_and_reconnects_with_backoff_when_the_control_
         return bool(node and [(s.digest, s.epoch) for s in node.serving] == [(v2.digest, 2)] and not node.stale)
 
     await eventually(reported, 10, "a heartbeat after the outage reporting v2 at epoch 2")
+
+
+async def test_a_stopping_control_plane_answers_parked_long_polls_and_exits_at_once(
+    tmp_path: Path, controlplane: ControlPlaneProcess, model: str
+) -> None:
+    with controlplane.client() as admin:
+        token = admin.create_token("poller", "agent").token
+    # Polls that would park for a minute: a stop that waited for them would take that long.
+    agent = AgentProcess(tmp_path, "poller", controlplane.url, token, [model], ["--poll-wait", "60"])
+    agent.start()
+    try:
+        await agent.ready()
+        await eventually(lambda: parked(controlplane) >= 1 or None, 30, "the agent's long-poll to park")
+        began = time.monotonic()
+        controlplane.stop()
+        took = time.monotonic() - began
+        assert took < 10, f"the control plane took {took:.1f} s to stop with a parked poll"
+        # The answered poll is asked again, finds nobody, and the agent backs off and keeps trying.
+        await eventually(lambda: "controlplane.unreachable call=desired" in agent.log(), 30, "the agent to ask again")
+    finally:
+        await agent.close()
+
+
+def parked(cp: ControlPlaneProcess) -> float:
+    """The long-polls ``cp`` holds right now, from its /metrics."""
+    text = httpx.get(cp.url + "/metrics", timeout=5).text
+    line = next(line for line in text.splitlines() if line.startswith("weightship_desired_long_polls "))
+    return float(line.split()[1])
