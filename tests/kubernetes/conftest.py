@@ -23,6 +23,7 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -173,17 +174,19 @@ def controlplane(
 
 
 class Operators:
-    """Real kopf operators against kmock, started and stopped by tests.
+    """Real kopf operators against kmock, started and stopped by tests, each on its own thread and loop.
 
-    One at a time: a kopf operator that stops cancels the tasks started in its loop after it began,
-    a second in-process operator's included. Several replicas are ``operator_processes``.
+    A kopf operator that stops waits for, then cancels, every task started in its loop after it
+    began; on a loop of its own those are its own tasks only, not the test's or kmock's (on the
+    test's loop it waited 5 s on them at every stop). Several replicas as processes are
+    ``operator_processes``.
     """
 
     def __init__(self, server: VersionedEmulator, cp_url: str, token: str) -> None:
         self.server = server
         self.cp_url = cp_url
         self.token = token
-        self.running: dict[str, tuple[asyncio.Task[None], asyncio.Event, Any]] = {}
+        self.running: dict[str, tuple[threading.Thread, threading.Event, Any]] = {}
 
     def start(self, identity: str, *, lease_seconds: float = 1.5) -> Any:
         """Start an operator named ``identity``; returns its leader handle."""
@@ -194,19 +197,22 @@ class Operators:
             identity=identity, lease_namespace=NAMESPACE, lease_seconds=lease_seconds, interval=0.2,
         )  # fmt: skip
         registry, leader = build_registry(config)
-        stop = asyncio.Event()
-        task = asyncio.create_task(
-            kopf.operator(registry=registry, standalone=True, clusterwide=True, stop_flag=stop), name=identity
-        )
-        self.running[identity] = (task, stop, leader)
+        stop = threading.Event()
+
+        def run() -> None:
+            asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=True, stop_flag=stop))
+
+        thread = threading.Thread(target=run, name=f"operator-{identity}", daemon=True)
+        thread.start()
+        self.running[identity] = (thread, stop, leader)
         return leader
 
     async def stop(self, identity: str) -> None:
         """Stop one operator gracefully (its cleanup runs)."""
-        task, stop, _ = self.running.pop(identity)
+        thread, stop, _ = self.running.pop(identity)
         stop.set()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(task, timeout=20)
+        await asyncio.to_thread(thread.join, 20)
+        assert not thread.is_alive(), f"operator {identity} did not stop within 20 s"
 
 
 @pytest_asyncio.fixture
