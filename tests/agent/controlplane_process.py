@@ -110,6 +110,12 @@ class ControlPlaneProcess:
             leftover.unlink(missing_ok=True)  # newer commits of the crashed process: gone with the restore
         shutil.copyfile(backup, self.database)
 
+    def parked(self) -> float:
+        """The desired-state long-polls it holds right now, from its ``/metrics``."""
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        line = next(line for line in text.splitlines() if line.startswith("weightship_desired_long_polls "))
+        return float(line.split()[1])
+
     def log(self) -> str:
         """What it logged."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -6,7 +6,6 @@ import re
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
@@ -76,7 +75,7 @@ async def test_a_stopping_control_plane_answers_parked_long_polls_and_exits_at_o
     agent.start()
     try:
         await agent.ready()
-        await eventually(lambda: parked(controlplane) >= 1 or None, 30, "the agent's long-poll to park")
+        await eventually(lambda: controlplane.parked() >= 1 or None, 30, "the agent's long-poll to park")
         began = time.monotonic()
         controlplane.stop()
         took = time.monotonic() - began
@@ -86,9 +85,3 @@ async def test_a_stopping_control_plane_answers_parked_long_polls_and_exits_at_o
     finally:
         await agent.close()
 
-
-def parked(cp: ControlPlaneProcess) -> float:
-    """The long-polls ``cp`` holds right now, from its /metrics."""
-    text = httpx.get(cp.url + "/metrics", timeout=5).text
-    line = next(line for line in text.splitlines() if line.startswith("weightship_desired_long_polls "))
-    return float(line.split()[1])

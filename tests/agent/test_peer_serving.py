@@ -20,11 +20,25 @@ from tests.agent.fleet import Fleet
 from tests.agent.local_versions import small_tmpfs
 from tests.agent.peers import chunk_bytes, chunk_request, largest_file, metric, peer_url, ticket
 from weightship.digests import sha256_hex
+from weightship.manifest import Manifest
 from weightship.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 
 PEER = ["--peer-listen", "127.0.0.1:0"]
+
+
+async def ask_every_chunk(
+    http: httpx.AsyncClient, base: str, manifest: Manifest, auth: dict[str, str]
+) -> list[tuple[tuple[str, int], int, int, httpx.Response]]:
+    """Ask the peer at ``base`` for every chunk of ``manifest``: ``((blob, start), file, index, answer)`` each."""
+    answers = []
+    for f, entry in enumerate(manifest.files):
+        for index in range(len(entry.chunks)):
+            url, _chunk = chunk_request(base, manifest, f, index)
+            where = (entry.sha256, entry.chunk_range(index, manifest.chunk_size)[0])
+            answers.append((where, f, index, await http.get(url, headers=auth)))
+    return answers
 
 
 async def test_a_node_serves_the_chunks_of_a_ready_version_exactly(
@@ -85,16 +99,12 @@ async def test_verified_chunks_of_a_version_still_being_fetched_are_served_and_m
 
         async def verified_chunk_served() -> bool | None:
             served = 0
-            for f, entry in enumerate(v1.files):
-                for index in range(len(entry.chunks)):
-                    url, chunk = chunk_request(peer_url(node), v1, f, index)
-                    start = entry.chunk_range(index, v1.chunk_size)[0]
-                    response = await http.get(url, headers=auth)
-                    if (entry.sha256, start) in fetched and response.status_code == 200:
-                        assert sha256_hex(response.content) == chunk
-                        served += 1
-                    elif (entry.sha256, start) not in fetched:
-                        assert response.status_code == 404, (f, index, response.text)
+            for where, f, index, response in await ask_every_chunk(http, peer_url(node), v1, auth):
+                if where in fetched and response.status_code == 200:
+                    assert sha256_hex(response.content) == v1.files[f].chunks[index]
+                    served += 1
+                elif where not in fetched:
+                    assert response.status_code == 404, (f, index, response.text)
             return served >= 1 or None
 
         await eventually(verified_chunk_served, 30, "a verified chunk of the version being fetched to be served")
@@ -168,16 +178,13 @@ async def test_a_node_whose_disk_fills_mid_fetch_still_serves_the_chunks_it_veri
             fetched = {(s.blob, s.start) for s in proxy.served[:2]}
             served = 0
             async with httpx.AsyncClient(timeout=10) as http:
-                for f, entry in enumerate(v1.files):
-                    for index in range(len(entry.chunks)):
-                        url, _chunk = chunk_request(peer_url(node), v1, f, index)
-                        response = await http.get(url, headers=auth)
-                        if (entry.sha256, entry.chunk_range(index, v1.chunk_size)[0]) in fetched:
-                            assert response.status_code == 200, (f, index, response.text)
-                            assert response.content == chunk_bytes(source, v1, f, index)
-                            served += 1
-                        else:
-                            assert response.status_code == 404, (f, index, response.text)
+                for where, f, index, response in await ask_every_chunk(http, peer_url(node), v1, auth):
+                    if where in fetched:
+                        assert response.status_code == 200, (f, index, response.text)
+                        assert response.content == chunk_bytes(source, v1, f, index)
+                        served += 1
+                    else:
+                        assert response.status_code == 404, (f, index, response.text)
             assert served == 2
         finally:
             await node.close()

@@ -144,38 +144,32 @@ async def test_a_restarted_tracker_recovers_from_re_announcements_and_peers_serv
 
 
 async def test_a_cache_killed_mid_rollout_leaves_the_nodes_to_fall_back_and_finish(
-    tmp_path: Path,
     fleet: Fleet,
     proxy: FaultProxy,
+    cache: AgentProcess,
     spawn: Spawn,
     model: str,
     deployment: str,
     make_model: Callable[..., Path],
 ) -> None:
     v1 = fleet.publish(make_model("k1", tensors_mb=2.0, seed=51), model, "v1")
-    cache = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
-    try:
-        await cache.ready()
-        await eventually(lambda: "tickets.keys_read" in cache.log(), 30, "the cache to read the ticket keys")
-        proxy.hold_after = 2  # the origin answers the cache twice, then stalls: the rollout is under way
-        fleet.point(deployment, model, "v1")
-        flags = ["--peer-listen", "127.0.0.1:0", "--cluster-cache", peer_url(cache)]
-        nodes = [spawn(f"{model[:50]}-{i}", extra=flags) for i in range(2)]
-        for node in nodes:
-            await node.ready()
+    proxy.hold_after = 2  # the origin answers the cache twice, then stalls: the rollout is under way
+    fleet.point(deployment, model, "v1")
+    flags = ["--peer-listen", "127.0.0.1:0", "--cluster-cache", peer_url(cache)]
+    nodes = [spawn(f"{model[:50]}-{i}", extra=flags) for i in range(2)]
+    for node in nodes:
+        await node.ready()
 
-        async def from_cache() -> int | None:
-            got = [(await node.status()).counters.sources["cluster_cache"].chunks for node in nodes]
-            return sum(got) or None
+    async def from_cache() -> int | None:
+        got = [(await node.status()).counters.sources["cluster_cache"].chunks for node in nodes]
+        return sum(got) or None
 
-        await eventually(from_cache, 30, "the nodes to receive chunks through the cache")
-        await eventually(lambda: proxy.held() or None, 30, "the fetch to stall at the origin")
-        cache.kill9()
-        proxy.release()
-        for node in nodes:
-            await node.serving(v1.digest)  # ready: every chunk verified against the manifest
-        tallies = [(await node.status()).counters.sources for node in nodes]
-    finally:
-        await cache.close()
+    await eventually(from_cache, 30, "the nodes to receive chunks through the cache")
+    await eventually(lambda: proxy.held() or None, 30, "the fetch to stall at the origin")
+    cache.kill9()
+    proxy.release()
+    for node in nodes:
+        await node.serving(v1.digest)  # ready: every chunk verified against the manifest
+    tallies = [(await node.status()).counters.sources for node in nodes]
     assert sum(t["origin"].chunks for t in tallies) > 0  # what the cache no longer could, the origin sent
     assert sum(t["cluster_cache"].errors for t in tallies) > 0

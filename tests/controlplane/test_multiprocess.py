@@ -65,13 +65,6 @@ def seed(database_url: str, model: str, labels: tuple[str, ...]) -> dict[str, st
     return digests
 
 
-def parked(replica: ControlPlaneProcess) -> float:
-    """The long-polls ``replica`` holds right now, from its /metrics."""
-    text = httpx.get(replica.url + "/metrics", timeout=5).text
-    line = next(line for line in text.splitlines() if line.startswith("weightship_desired_long_polls "))
-    return float(line.split()[1])
-
-
 def set_stable(http: httpx.Client, label: str) -> None:
     """Move deployment ``chat`` to ``label`` (read the ETag, then compare-and-swap)."""
     etag = http.get("/v1/deployments/chat", headers=ADMIN).headers["etag"]
@@ -100,7 +93,7 @@ def test_a_pointer_written_through_one_replica_answers_polls_parked_on_another_w
         for label in ("v2", "v3"):
             revision = via_holder.get(f"/v1/nodes/{node_id}/desired", headers=agent).json()["revision"]
             poll = BackgroundPoll(holder.url, agent, node_id, revision, wait=30)
-            poll_until(lambda: parked(holder) == 1, 30, "the long-poll parking on the second replica")
+            poll_until(lambda: holder.parked() == 1, 30, "the long-poll parking on the second replica")
             set_stable(via_writer, label)
             written = time.monotonic()
             response = poll.join(timeout=30)

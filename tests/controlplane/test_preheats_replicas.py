@@ -14,7 +14,7 @@ import pytest
 
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.controlplane.test_fleet import BackgroundPoll
-from tests.controlplane.test_multiprocess import ADMIN, parked, replicas, seed, set_stable
+from tests.controlplane.test_multiprocess import ADMIN, replicas, seed, set_stable
 from weightship.testing import eventually as poll_until
 
 __all__ = ["replicas"]  # fixture shared with test_multiprocess
@@ -49,7 +49,7 @@ def test_a_preheat_and_a_warm_pool_written_through_one_replica_wake_the_matching
         cold_id, cold_rev = register(via_holder, "cold-1", "cold")
         warm = BackgroundPoll(holder.url, ADMIN, warm_id, warm_rev, wait=30)
         cold = BackgroundPoll(holder.url, ADMIN, cold_id, cold_rev, wait=30)
-        poll_until(lambda: parked(holder) == 2, 30, "both long-polls parking on the second replica")
+        poll_until(lambda: holder.parked() == 2, 30, "both long-polls parking on the second replica")
 
         pool = via_writer.put("/v1/deployments/chat/warm-pool", json={"selector": {"cluster": "warm"}}, headers=ADMIN)
         written = time.monotonic()
@@ -62,7 +62,7 @@ def test_a_preheat_and_a_warm_pool_written_through_one_replica_wake_the_matching
 
         # A pointer move re-stages the warm pool: the new stable joins (the old one leaves the pool).
         warm = BackgroundPoll(holder.url, ADMIN, warm_id, body["revision"], wait=30)
-        poll_until(lambda: parked(holder) == 2, 30, "the warm poll parking again")
+        poll_until(lambda: holder.parked() == 2, 30, "the warm poll parking again")
         set_stable(via_writer, "v2")
         assert [s["digest"] for s in warm.join(timeout=30).json()["stage"]] == [digests["v2"]]
 
