@@ -23,6 +23,7 @@ __all__ = [
     "LABEL_DIGEST",
     "LABEL_ROLE",
     "LABEL_ROLLOUT",
+    "LABEL_TEMPLATE_HASH",
     "PLURAL",
     "VERBS",
     "VERSION",
@@ -40,6 +41,9 @@ LABEL_ROLLOUT = "weightship.io/rollout"
 LABEL_DIGEST = "weightship.io/digest"
 #: On ReplicaSets only (never on pods, so changing it restarts nothing): stable, canary, previous, retired.
 LABEL_ROLE = "weightship.io/role"
+#: On ReplicaSets and their pods: a hash of the rollout's pod template (as a Deployment's
+#: ``pod-template-hash``), so a template edit makes a new ReplicaSet for the same version.
+LABEL_TEMPLATE_HASH = "weightship.io/template-hash"
 ANNOTATION_DIGEST = "weightship.io/digest"
 #: ``kubectl annotate mro/chat weightship.io/verb=promote-full@1`` (any suffix after ``@`` makes a repeat distinct).
 ANNOTATION_VERB = "weightship.io/verb"

@@ -7,7 +7,10 @@ worker thread. Errors are mapped at this boundary, so callers catch ours, never 
 - HTTP 409 (someone else wrote the object since we read it: ``metadata.resourceVersion``
   mismatched, or it already exists) → :class:`weightship.errors.ConflictError` — re-read and retry;
 - HTTP 404 → :class:`weightship.errors.NotFoundError`;
-- anything else, and connection failures → :class:`weightship.errors.TemporaryError`.
+- anything else (403 forbidden by RBAC, 422 refused by validation or admission...), and
+  connection failures → :class:`KubeApiError`, a :class:`weightship.errors.TemporaryError` that
+  keeps the HTTP status and the API server's reason, so the driver can say on the ModelRollout
+  (a condition and an Event) what the API server refused, not only in the log.
 
 Writes that must not overwrite a concurrent change carry the ``resourceVersion`` they were
 computed from (optimistic concurrency, as ``kubectl`` does).
@@ -29,10 +32,23 @@ from urllib3.exceptions import HTTPError
 from controlplane.k8s.rollout import GROUP, LABEL_ROLLOUT, PLURAL, VERSION
 from weightship.errors import ConflictError, NotFoundError, TemporaryError, WeightshipError
 
-__all__ = ["KubeApi", "connect"]
+__all__ = ["KubeApi", "KubeApiError", "connect"]
 
 _T = TypeVar("_T")
 Body = dict[str, Any]
+
+
+class KubeApiError(TemporaryError):
+    """The Kubernetes API refused a request (``status``: 403, 422...) or could not be reached (``status`` 0).
+
+    ``reason`` is the API server's own word for it (``Forbidden``, ``Invalid``...), or
+    ``Unreachable``. Retried on the next reconcile: RBAC or an admission policy may be fixed meanwhile.
+    """
+
+    def __init__(self, message: str, *, status: int, reason: str) -> None:
+        super().__init__(message, delay=2.0)
+        self.status = status
+        self.reason = reason
 
 
 def connect(server: str | None = None, *, user_agent: str = "weightship-operator") -> KubeApi:
@@ -71,9 +87,10 @@ class KubeApi:
             except ApiException as exc:
                 raise _mapped(exc, what) from None
             except (HTTPError, OSError) as exc:
-                raise TemporaryError(
+                raise KubeApiError(
                     f"{what}: the Kubernetes API is unreachable ({exc}); check the API server and the network",
-                    delay=2.0,
+                    status=0,
+                    reason="Unreachable",
                 ) from None
             data = answer.data
             return json.loads(data) if data else {}
@@ -186,12 +203,31 @@ def _mapped(exc: ApiException, what: str) -> WeightshipError:
         return ConflictError(f"{what}: conflict ({reason}); re-read the object and retry")
     if exc.status == 404:
         return NotFoundError(f"{what}: not found ({reason})")
-    return TemporaryError(f"{what}: the Kubernetes API answered HTTP {exc.status} ({reason})", delay=2.0)
+    advice = {
+        403: "grant it in the operator's Role (the chart's templates/operator.yaml)",
+        422: "an admission policy or the object's schema refused it; see the message",
+    }.get(int(exc.status or 0), "retrying")
+    return KubeApiError(
+        f"{what}: the Kubernetes API answered HTTP {exc.status} ({reason}); {advice}",
+        status=int(exc.status or 0),
+        reason=_status_reason(exc),
+    )
+
+
+def _body(exc: ApiException) -> Mapping[str, Any]:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _reason(exc: ApiException) -> str:
-    try:
-        body: Mapping[str, Any] = json.loads(exc.body or "{}")
-    except ValueError:
-        return str(exc.reason)
+    body = _body(exc)
     return str(body.get("message") or body.get("reason") or exc.reason)
+
+
+def _status_reason(exc: ApiException) -> str:
+    """The API server's one-word reason (a ``Status`` object's ``reason``), else the HTTP reason phrase."""
+    reason = str(_body(exc).get("reason") or exc.reason or f"HTTP{exc.status}")
+    return "".join(reason.title().split()) if " " in reason else reason

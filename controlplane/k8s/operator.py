@@ -7,9 +7,16 @@ process (or a test) can run several operators side by side. Handlers:
   (in-cluster service account, then the kubeconfig);
 - ``startup`` / ``cleanup`` — open the Kubernetes and control-plane clients and the analysis
   providers; start and stop leader election;
-- a ``timer`` per ``ModelRollout`` every ``interval`` seconds: the leader reconciles it,
-  followers do nothing. The engine is level-triggered, so a timer is all it needs: a missed tick
-  only delays, and a restarted operator resumes from the resource's status.
+- ``on.event`` for ModelRollouts: one worker per object (``workers.py``) reconciles it every
+  ``interval`` seconds and at once when its spec or annotations change; the leader reconciles,
+  followers do nothing. The engine is level-triggered, so ticks are all it needs: a missed tick
+  only delays, and a restarted operator resumes from the resource's status. No handler needs a
+  finalizer, so deleting a ModelRollout, its namespace or the release never waits on the
+  operator (``workers.py`` says why kopf's timers are not used).
+
+A reconcile that fails (the Kubernetes API refused a request, the control plane cannot be
+reached) becomes the ``Reconciled=False`` condition and a Warning Event on the ModelRollout
+(``RolloutDriver.report_failure``), not only a log line; the worker tries again on the next tick.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from controlplane.k8s.leader import LeaderElector
 from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE, AgentPaths
 from controlplane.k8s.rollout import GROUP, PLURAL, VERSION
 from controlplane.k8s.versions import ControlPlane
+from controlplane.k8s.workers import Workers
 from controlplane.rollouts.providers import ProviderRegistry
 from weightship.client import Client
 from weightship.errors import WeightshipError
@@ -86,6 +94,7 @@ class _Runtime:
     kube: KubeApi | None = None
     client: Client | None = None
     providers: ProviderRegistry | None = None
+    workers: Workers | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -98,6 +107,20 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
     registry = kopf.OperatorRegistry()
     runtime = _Runtime()
     ref = LeaderElectorRef(runtime)
+
+    async def reconcile(namespace: str, name: str) -> None:
+        if runtime.driver is None or runtime.elector is None or not runtime.elector.is_leader:
+            return  # a follower: the leader acts
+        try:
+            await runtime.driver.reconcile(namespace, name)
+        except WeightshipError as exc:
+            event(_log, "rollout.retry_later", logging.WARNING, rollout=f"{namespace}/{name}", error=exc.message)
+            await runtime.driver.report_failure(namespace, name, exc)
+        except Exception as exc:  # a bug must not stop this rollout's worker for good
+            event(_log, "rollout.reconcile_crashed", logging.ERROR, rollout=f"{namespace}/{name}", error=repr(exc))
+            await runtime.driver.report_failure(namespace, name, exc)
+
+    runtime.workers = Workers(reconcile, config.interval)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -124,6 +147,8 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        if runtime.workers is not None:
+            await runtime.workers.stop_all()
         for task in runtime.tasks:
             task.cancel()
         await asyncio.gather(*runtime.tasks, return_exceptions=True)
@@ -135,16 +160,13 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
             runtime.kube.close()
         event(_log, "operator.stopped", identity=config.identity)
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=config.interval, registry=registry)
-    async def tick(name: str | None, namespace: str | None, **_: Any) -> None:
-        if runtime.driver is None or runtime.elector is None or not runtime.elector.is_leader:
-            return  # a follower: the leader acts
-        if name is None or namespace is None:
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def seen(
+        type: str | None, name: str | None, namespace: str | None, body: kopf.Body, **_: Any
+    ) -> None:  # kopf passes the event type as ``type``
+        if name is None or namespace is None or runtime.workers is None:
             return
-        try:
-            await runtime.driver.reconcile(namespace, name)
-        except WeightshipError as exc:
-            event(_log, "rollout.retry_later", logging.WARNING, rollout=f"{namespace}/{name}", error=exc.message)
+        runtime.workers.seen(namespace, name, cast(dict[str, Any], dict(body)), gone=type == "DELETED")
 
     return registry, ref
 

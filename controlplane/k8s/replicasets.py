@@ -1,7 +1,14 @@
 """One ReplicaSet per version digest, built from the rollout's pod template; shares as replica counts.
 
-Every version of a rollout gets its own ReplicaSet, named ``<rollout>-<first 10 hex digits>``.
-Its pods carry ``weightship.io/rollout`` and ``weightship.io/digest`` labels (the selector), the
+Every version of a rollout gets its own ReplicaSet, named ``<rollout>-<first 10 hex digits of the
+digest>-<template hash>``. The template hash (:func:`template_hash`, also the
+``weightship.io/template-hash`` label) covers what the ModelRollout says about its pods (the pod
+template and ``spec.agent``), as a Deployment's ``pod-template-hash`` does: editing the template
+makes a new ReplicaSet for the same version, which the driver rolls to (surge first, the old pods
+go only as new ones are ready). What the operator adds from its own configuration (the waiter's
+image, the agent's paths) is not hashed, so upgrading the operator restarts no model server.
+Its pods carry ``weightship.io/rollout``, ``weightship.io/digest`` and
+``weightship.io/template-hash`` labels (the selector; Services select by digest only), the
 full digest in the ``weightship.io/digest`` annotation and in ``WEIGHTSHIP_DIGEST`` in every
 container, and an init container (``python -m controlplane.k8s.waiter``) that holds the pod until
 the node's agent reports that version verified on disk, so a model server never starts on bytes
@@ -21,6 +28,8 @@ and the router moves the traffic.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,11 +40,20 @@ from controlplane.k8s.rollout import (
     LABEL_DIGEST,
     LABEL_ROLE,
     LABEL_ROLLOUT,
+    LABEL_TEMPLATE_HASH,
     ModelRolloutSpec,
     digest_label,
 )
 
-__all__ = ["DEFAULT_WAIT_IMAGE", "AgentPaths", "build_replicaset", "replicaset_name", "split_replicas"]
+__all__ = [
+    "DEFAULT_WAIT_IMAGE",
+    "AgentPaths",
+    "build_replicaset",
+    "replicaset_name",
+    "split_replicas",
+    "surge",
+    "template_hash",
+]
 
 DEFAULT_WAIT_IMAGE = "weightship:latest"
 VOLUME_VERSIONS = "weightship-versions"
@@ -71,9 +89,21 @@ def _mount(container: dict[str, Any], path: str, volume: str, *, read_only: bool
         mounts.append({"name": volume, "mountPath": path, "readOnly": read_only})
 
 
-def replicaset_name(rollout: str, digest: str) -> str:
-    """``<rollout>-<first 10 hex digits of digest>``."""
-    return f"{rollout}-{digest.removeprefix('sha256:')[:10]}"
+def template_hash(spec: ModelRolloutSpec) -> str:
+    """10 hex digits naming the pod template and agent settings of ``spec`` (canonical JSON, SHA-256)."""
+    hashed = {"template": spec.template, "agent": {"port": spec.agent_port, "image": spec.agent_image}}
+    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:10]
+
+
+def replicaset_name(rollout: str, digest: str, template: str) -> str:
+    """``<rollout>-<first 10 hex digits of digest>-<template hash>``."""
+    return f"{rollout}-{digest.removeprefix('sha256:')[:10]}-{template}"
+
+
+def surge(replicas: int) -> int:
+    """How many pods above ``replicas`` a template roll may add at once (a Deployment's default 25 %)."""
+    return max(1, math.ceil(replicas * 0.25))
 
 
 def split_replicas(share: float, replicas: int, *, routed: bool) -> tuple[int, int]:
@@ -97,7 +127,8 @@ def build_replicaset(
     paths: AgentPaths = AgentPaths(),
 ) -> dict[str, Any]:
     """The ReplicaSet of ``digest`` for ``rollout``, owned by the ModelRollout (garbage-collected with it)."""
-    selector = {LABEL_ROLLOUT: rollout, LABEL_DIGEST: digest_label(digest)}
+    hashed = template_hash(spec)
+    selector = {LABEL_ROLLOUT: rollout, LABEL_DIGEST: digest_label(digest), LABEL_TEMPLATE_HASH: hashed}
     template: dict[str, Any] = copy.deepcopy(dict(spec.template))
     metadata = template.setdefault("metadata", {})
     metadata["labels"] = {**(metadata.get("labels") or {}), **selector}
@@ -150,7 +181,7 @@ def build_replicaset(
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
         "metadata": {
-            "name": replicaset_name(rollout, digest),
+            "name": replicaset_name(rollout, digest, hashed),
             "namespace": namespace,
             "labels": {**selector, LABEL_ROLE: role},
             "annotations": {ANNOTATION_DIGEST: digest},

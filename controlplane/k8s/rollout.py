@@ -36,6 +36,7 @@ from weightship.modelrollout import (  # the shared contract: the CLI's --kube m
     LABEL_DIGEST,
     LABEL_ROLE,
     LABEL_ROLLOUT,
+    LABEL_TEMPLATE_HASH,
     PLURAL,
     VERSION,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "LABEL_DIGEST",
     "LABEL_ROLE",
     "LABEL_ROLLOUT",
+    "LABEL_TEMPLATE_HASH",
     "PLURAL",
     "VERSION",
     "ModelRolloutSpec",

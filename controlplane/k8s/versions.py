@@ -6,6 +6,9 @@ so an unknown label or digest is refused before any pod is created. The deployme
 pointer is also kept in step with the ReplicaSets (stable, and the canary at share 0): agents
 keep and pre-fetch exactly the versions a pointer names, so the canary's bytes are staged on every
 node before its pods are scheduled (the engine's prefetch step counts the nodes that hold it).
+The operator reads the pointer back on every reconcile, and the newest audit row when it changed,
+so a move made outside the rollout (``weightship rollback``) is seen and followed; and it asks
+which labels a digest has, so ``kubectl get mro`` shows ``v2`` rather than a digest.
 The client is synchronous; calls run in a worker thread.
 """
 
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 from weightship.client import Client
 from weightship.errors import NotFoundError, PreconditionFailed
+from weightship.schemas import Deployment, PointerEvent
 
 __all__ = ["ControlPlane", "FleetCount", "ResolvedVersion", "UnknownVersion"]
 
@@ -73,6 +77,20 @@ class ControlPlane:
             return ResolvedVersion(info.digest, info.size, model)
 
         return await asyncio.to_thread(run)
+
+    async def pointer(self, deployment: str) -> Deployment:
+        """The deployment's serving pointer as the control plane holds it now."""
+        return await asyncio.to_thread(self.client.get_deployment, deployment)
+
+    async def last_change(self, deployment: str) -> PointerEvent | None:
+        """The newest audit row of the deployment's pointer (who moved it, how, why), if any."""
+        rows = await asyncio.to_thread(self.client.history, deployment, limit=1)
+        return rows[0] if rows else None
+
+    async def label_of(self, model: str, digest: str) -> str | None:
+        """A label of ``digest`` (the first one set), or None when it has none."""
+        info = await asyncio.to_thread(self.client.get_version, model, digest)
+        return info.labels[0] if info.labels else None
 
     async def sync_pointer(self, deployment: str, stable: str, canary: str | None, reason: str) -> None:
         """Point ``deployment`` at ``stable`` with ``canary`` staged (share 0) unless it already is."""

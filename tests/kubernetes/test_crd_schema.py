@@ -50,10 +50,20 @@ def test_an_invalid_spec_is_refused_by_the_crd_schema(change: Any, field: str) -
     assert any(field in (str(e.path) + e.message) for e in errors), [e.message for e in errors]
 
 
-def test_the_crd_has_printer_columns_a_short_name_and_the_status_subresource() -> None:
+def test_the_crd_has_printer_columns_a_short_name_and_the_status_and_scale_subresources() -> None:
     definition = crd()
     version = definition["spec"]["versions"][0]
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Step", "Weight", "Stable", "Canary", "Age"]
-    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Phase", "Stable", "Canary", "Weight", "Step", "Desired", "Ready", "Age"]
+    # Labels (v2), not digests; DESIRED from the spec, READY from the pods the operator counted.
+    assert (columns["Stable"], columns["Canary"]) == (".status.stableLabel", ".status.canaryLabel")
+    assert (columns["Desired"], columns["Ready"]) == (".spec.replicas", ".status.readyReplicas")
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     assert "mro" in definition["spec"]["names"]["shortNames"]
