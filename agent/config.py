@@ -22,10 +22,11 @@ import re
 import socket
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from agent.switchhooks import DEFAULT_TIMEOUT, SwitchHook, parse_hook, parse_hook_flag
 from weightship.errors import ValidationError
 from weightship.manifest import check_model_name
 from weightship.schemas import NodeLabels
@@ -116,6 +117,9 @@ class AgentConfig:
     tracker_fanout: int = 4
     #: (cluster cache) most chunk fetches from the caches the tracker grants at once
     tracker_upstream_slots: int = 8
+    #: per deployment, how to tell an external model server that its ``current`` link moved
+    #: (``agent.switchhooks``; file: a ``[switch_hooks.<deployment>]`` table; flag: ``--switch-hook``)
+    switch_hooks: tuple[SwitchHook, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.control_plane.startswith(("http://", "https://")):
@@ -152,6 +156,15 @@ class AgentConfig:
         for key in ("upload_bandwidth", "upstream_bandwidth", "cache_bytes"):
             if getattr(self, key) < 0:
                 raise ValidationError(f"{key} must not be negative")
+        hooked = [h.deployment for h in self.switch_hooks]
+        if len(set(hooked)) != len(hooked):
+            raise ValidationError("switch_hooks: one hook per deployment; a deployment is named twice")
+        for name in hooked:
+            if name not in self.deployments:
+                raise ValidationError(
+                    f"switch hook for deployment {name!r}, which this node does not serve; "
+                    f"add --deployment {name} or remove the hook"
+                )
 
     @property
     def peer_listener(self) -> str:
@@ -227,6 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tracker-upstream-slots", help="(cluster cache) chunk fetches from the caches at once (default 8)"
     )
+    parser.add_argument(
+        "--switch-hook",
+        dest="switch_hooks",
+        action="append",
+        help="after DEPLOYMENT's version switches: DEPLOYMENT=command:PROGRAM ARGS, "
+        "DEPLOYMENT=signal:[SIGNAL:]PIDFILE or DEPLOYMENT=http://HOST:PORT/PATH (repeatable)",
+    )
+    parser.add_argument(
+        "--switch-hook-timeout", help="seconds a --switch-hook call may take (default 120)"
+    )
     return parser
 
 
@@ -256,7 +279,12 @@ def _from_env(environ: Mapping[str, str], known: set[str]) -> dict[str, Any]:
     for key in known:
         value = environ.get(ENV_PREFIX + key.upper())
         if value is not None:
-            found[key] = [d for d in re.split(r"[,\s]+", value) if d] if key == "deployments" else value
+            if key == "deployments":
+                found[key] = [d for d in re.split(r"[,\s]+", value) if d]
+            elif key == "switch_hooks":  # one DEPLOYMENT=... per line, as --switch-hook takes them
+                found[key] = [line.strip() for line in value.splitlines() if line.strip()]
+            else:
+                found[key] = value
     return found
 
 
@@ -274,6 +302,8 @@ def _coerce(key: str, value: Any) -> Any:
         return value.strip().lower() in ("1", "true", "yes", "on")
     if key == "deployments":
         return tuple(value)
+    if key == "switch_hooks":
+        return _hooks(value)
     if key == "data_dir":
         return Path(value)
     return value
@@ -286,7 +316,7 @@ def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
     listed = [d for d in re.split(r"[,\s]+", args.pop("deployment_list") or "") if d]
     if listed:
         args["deployments"] = [*(args["deployments"] or []), *listed]
-    known = {f.name for f in fields(AgentConfig)} - {"labels"} | set(LABEL_KEYS) | {"token_file"}
+    known = {f.name for f in fields(AgentConfig)} - {"labels"} | set(LABEL_KEYS) | {"token_file", "switch_hook_timeout"}
     merged: dict[str, Any] = {}
     config_path = args.pop("config") or environ.get(ENV_PREFIX + "CONFIG")
     if config_path:
@@ -307,6 +337,9 @@ def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
             merged["token"] = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ValidationError(f"cannot read token file {token_file}: {exc.strerror}") from None
+    hook_timeout = merged.pop("switch_hook_timeout", None)
+    if hook_timeout is not None and "switch_hooks" in merged:
+        merged["switch_hooks"] = _with_timeout(_hooks(merged["switch_hooks"]), hook_timeout)
     labels = NodeLabels(**{k: str(merged.pop(k)) for k in LABEL_KEYS if k in merged})
     if "control_plane" not in merged:
         raise ValidationError(
@@ -314,3 +347,23 @@ def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
         )
     values = {k: _coerce(k, v) for k, v in merged.items()}
     return AgentConfig(labels=labels, **values)
+
+
+def _hooks(value: Any) -> tuple[SwitchHook, ...]:
+    """Hooks from a file table (``{deployment: {command|signal+pidfile|http, timeout}}``) or flag strings."""
+    if isinstance(value, tuple) and all(isinstance(h, SwitchHook) for h in value):
+        return value
+    if isinstance(value, dict):
+        return tuple(parse_hook(str(name), spec) for name, spec in value.items())
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(parse_hook_flag(v) for v in value)
+    raise ValidationError("switch_hooks must be a table of deployment = hook settings, or DEPLOYMENT=... strings")
+
+
+def _with_timeout(hooks: tuple[SwitchHook, ...], timeout: Any) -> tuple[SwitchHook, ...]:
+    """``--switch-hook-timeout`` applied to every hook that does not set its own in the config file."""
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise ValidationError(f"switch_hook_timeout={timeout!r} is not a number of seconds") from None
+    return tuple(replace(h, timeout=seconds) if h.timeout == DEFAULT_TIMEOUT else h for h in hooks)

@@ -50,6 +50,7 @@ from agent.servemetrics import ServeMetricsBook
 from agent.serving import Serving
 from agent.sources import Sources
 from agent.store import VersionStore
+from agent.switchhooks import SwitchHooks
 from agent.tickets import TicketKeeper
 from agent.tracker import Tracker, TrackerSettings, chunk_order
 from agent.tracker_api import TrackerRoutes
@@ -131,6 +132,14 @@ class Agent:
             on_trouble=self._changed.set,
         )
         self.retention.on_evicted = self._evicted(assembler)
+        self.switch_hooks = SwitchHooks(
+            {h.deployment: h for h in config.switch_hooks},
+            self.store,
+            self.book,
+            self.state_executor,
+            backoff_initial=max(config.backoff_initial, 0.1),
+            on_change=self._changed.set,
+        )
         self.reconciler = Reconciler(
             self.store,
             self.book,
@@ -142,9 +151,14 @@ class Agent:
             prefetch=config.prefetch,
             backoff_initial=config.backoff_initial,
             backoff_max=config.backoff_max,
-            on_change=self._changed.set,
+            on_change=self._reconciled,
         )
         self._peer_setup(assembler)
+
+    def _reconciled(self) -> None:
+        """A switch, a fetch ending, a refusal...: heartbeat soon, and let the switch hooks look."""
+        self._changed.set()
+        self.switch_hooks.poke()
 
     def _evicted(self, assembler: Assembler) -> Callable[[str], None]:
         """What retention calls (in a worker thread) once it removed a version: stop serving and announcing it."""
@@ -230,7 +244,8 @@ class Agent:
         self.peer_url = ""
 
     def _extra_metrics(self) -> str:
-        return (self.cache.metrics() if self.cache is not None else "") + self.counters.sources.metrics()
+        cache = self.cache.metrics() if self.cache is not None else ""
+        return cache + self.counters.sources.metrics() + self.switch_hooks.metrics()
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -240,7 +255,10 @@ class Agent:
         return NodeHeartbeat(
             inventory=self.reconciler.inventory(),
             deployments=[
-                DeploymentState(name=r.name, digest=r.digest, epoch=r.applied_epoch) for r in self.book.records()
+                DeploymentState(
+                    name=r.name, digest=r.digest, epoch=r.applied_epoch, hook=self.switch_hooks.result(r.name)
+                )
+                for r in self.book.records()
             ],
             counters=self.counters.snapshot(),
             health=NodeHealth(
@@ -248,7 +266,7 @@ class Agent:
                 disk_free=free,
                 quota_bytes=self.config.quota_bytes,
                 used_bytes=self._usage,
-                errors=self.reconciler.errors(),
+                errors=self.reconciler.errors() + self.switch_hooks.errors(),
             ),
             validation=list(self._reports),
             refused=self.reconciler.refused(),
@@ -290,6 +308,8 @@ class Agent:
         ]
         if self.cache is not None:
             tasks.append(loop.create_task(self.cache.run(), name="cache-refresh"))
+        if cfg.switch_hooks:
+            tasks.append(loop.create_task(self.switch_hooks.run(), name="switch-hooks"))
         if self.sources is not None and self.peer_url:
             self.sources.address = self.peer_url
             for manifest in (await loop.run_in_executor(self.executor, self.store.ready)).values():

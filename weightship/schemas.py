@@ -122,6 +122,7 @@ __all__ = [
     "ServeReport",
     "SourceTally",
     "StagedVersion",
+    "SwitchHookResult",
     "TicketGrant",
     "TicketKeys",
     "TicketRequest",
@@ -400,12 +401,29 @@ class VersionInventory(_Schema):
     problem: FetchProblem | None = None
 
 
+class SwitchHookResult(_Schema):
+    """The last call of a deployment's switch hook on a node (``agent.switchhooks``)."""
+
+    kind: str = Field(description="'command', 'signal' or 'http'")
+    digest: Digest = Field(description="the version the hook announced")
+    epoch: Count
+    ok: bool
+    detail: str = Field(default="", max_length=2000, description="why it failed: exit code or HTTP status, stderr")
+    exit_code: int | None = Field(default=None, description="command: its exit status (negative: killed by a signal)")
+    http_status: int | None = Field(default=None, description="http: the answer's status")
+    seconds: Measure = 0.0
+    at: datetime
+    attempts: Count = Field(default=0, description="failed calls in a row for this digest")
+    retry_at: datetime | None = Field(default=None, description="when a failed hook is called again")
+
+
 class DeploymentState(_Schema):
     """What a node serves for a deployment right now."""
 
     name: Name
     digest: Digest | None
     epoch: Count
+    hook: SwitchHookResult | None = Field(default=None, description="its switch hook's last call, when one is set")
 
 
 class SourceTally(_Schema):
