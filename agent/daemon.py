@@ -12,6 +12,11 @@ configured enrolment token when it has none, see ``agent.identity``) and run, co
   finishing or failing, a refusal, a validation report);
 - the reconciler (fetches and switches).
 
+**Deployments followed**: those configured (``--deployment``) plus those that local model servers
+name when they ask for a version by digest (``agent.pins``): an empty ``--deployment`` list means
+"stage what this node's model servers ask for". When that set changes the agent registers again
+(same node, new list) and reads its desired state afresh.
+
 If the control plane is unreachable the node keeps serving what it serves; both control-plane
 loops retry with capped, jittered exponential backoff and log ``controlplane.unreachable`` with
 the delay. A control plane that no longer knows the node (404) or its token (401: revoked, or a
@@ -43,6 +48,7 @@ from agent.fetcher import Fetcher
 from agent.identity import CREDENTIAL_FILE, NodeCredential, load_credential, new_credential, save_credential
 from agent.localapi import LocalAPI
 from agent.peerserver import ChunkLocator, PeerServer, VersionChunks
+from agent.pins import Pins
 from agent.rangeclient import RangeClient
 from agent.reconcile import Reconciler
 from agent.retention import Retention
@@ -78,10 +84,16 @@ HEARTBEAT_DEBOUNCE = 0.05
 MAX_PENDING_REPORTS = 256
 #: shortest time between two desired-state requests that came back unchanged
 MIN_POLL_SECONDS = 0.5
+#: how often lapsed pins (a model server that died) are looked for
+PIN_CHECK_SECONDS = 2.0
 
 
 class _Reregister(Exception):
     """The control plane forgot this node or refused its token; register again."""
+
+
+class _Refollow(Exception):
+    """The deployments this node follows changed (a local server asked for another); register again."""
 
 
 class Agent:
@@ -98,6 +110,9 @@ class Agent:
         self.counters = Counters()
         self.serve_metrics = ServeMetricsBook()
         self.serving = Serving(self.store, self.book)
+        self.pins = Pins(self.store.state_dir / "pins.json")
+        self._refollow = asyncio.Event()
+        self._followed: tuple[str, ...] = ()
         self.controlplane = controlplane or ControlPlaneClient(config.control_plane, config.token)
         self.node_id: str | None = None
         self.local_api_url = ""
@@ -151,6 +166,7 @@ class Agent:
             prefetch=config.prefetch,
             backoff_initial=config.backoff_initial,
             backoff_max=config.backoff_max,
+            pins=self.pins,
             on_change=self._reconciled,
         )
         self._peer_setup(assembler)
@@ -277,14 +293,42 @@ class Agent:
         self._reports = [*self._reports, report][-MAX_PENDING_REPORTS:]
         self._changed.set()
 
+    def followed(self) -> tuple[str, ...]:
+        """The deployments this node follows: configured ones, then those local servers ask for."""
+        asked = sorted(self.pins.deployments()) if self.config.role != "cache" else []
+        return tuple(dict.fromkeys([*self.config.deployments, *asked]))
+
+    def _pinned(self) -> None:
+        """A local server asked for a version, leased one or released it (or a pin lapsed)."""
+        self.reconciler.wake()
+        if self.followed() != self._followed:
+            self._refollow.set()
+        data = self.pins.to_save()
+        if data is not None and self.loop is not None:
+            self.loop.run_in_executor(self.state_executor, self.pins.save, data)
+
+    async def _pins_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PIN_CHECK_SECONDS)  # ok-sleep: the period of looking for lapsed pins
+            if self.pins.prune():
+                self._pinned()
+
     # --- running -------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set."""
         loop = self.loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.store.recover)
+        await loop.run_in_executor(self.state_executor, self.pins.load)
         cfg = self.config
-        api = LocalAPI(self.serving, self.heartbeat, self._report, self.serve_metrics.receive)
+        api = LocalAPI(
+            self.serving,
+            self.heartbeat,
+            self._report,
+            self.serve_metrics.receive,
+            versions=self.reconciler if cfg.role != "cache" else None,
+            on_pinned=self._pinned,
+        )
         self.local_api_url = await api.start(cfg.local_api)
         if self.cache is not None:
             await loop.run_in_executor(self.executor, self.cache.store.recover)
@@ -305,6 +349,7 @@ class Agent:
         tasks = [
             loop.create_task(self.reconciler.run(), name="reconcile"),
             loop.create_task(self._controlplane_session(), name="controlplane"),
+            loop.create_task(self._pins_loop(), name="pins"),
         ]
         if self.cache is not None:
             tasks.append(loop.create_task(self.cache.run(), name="cache-refresh"))
@@ -378,17 +423,26 @@ class Agent:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._desired_loop(self.node_id))
                     group.create_task(self._heartbeat_loop(self.node_id))
+                    group.create_task(self._follow_watch())
             except* _Reregister:
                 event(log, "controlplane.node_unknown", logging.WARNING, node_id=self.node_id)
+            except* _Refollow:
+                event(log, "deployments.follow", node_id=self.node_id, deployments=",".join(self.followed()) or "none")
+
+    async def _follow_watch(self) -> None:
+        await self._refollow.wait()
+        raise _Refollow()
 
     async def _register(self) -> str:
         cfg = self.config
+        self._refollow.clear()
+        self._followed = self.followed()
         body = NodeRegistration(
             name=cfg.name,
             labels=cfg.labels,
             role=cfg.role,
             address=self.peer_url or None,
-            deployments=list(cfg.deployments),
+            deployments=list(self._followed),
         )
         backoff = DelaySequence(cfg.backoff_initial, cfg.backoff_max)
         while True:

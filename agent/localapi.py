@@ -10,9 +10,19 @@ the weights). Routes, under ``/local/v1`` (schemas in ``weightship.schemas``)::
     POST /validation             ValidationReport      -> 204, forwarded in the next heartbeat
     POST /serve-metrics          ServeReport           -> 204, summed per version into the heartbeat
     GET  /status                                       -> NodeHeartbeat (what the agent reports)
+    GET  /versions/{digest}?deployment=D                -> LocalVersion: ready (with path), fetching,
+                                                           failed or unknown, with the reason
+    GET  /versions/{digest}/wait?deployment=D&timeout=S -> LocalVersion once ready, or as it stands
+                                                           when the timeout passes
+    PUT  /leases/{holder}        LocalLease            -> LocalVersion; the version is never evicted
+                                                           while the lease lives
+    DELETE /leases/{holder}                            -> 204 (the holder stopped serving)
 
 ``wait`` is both "wait until ready" (``after_epoch=0``) and a long-poll of switches (pass the
-epoch you serve). ``path`` is the version directory itself, stable for as long as the version is
+epoch you serve). A model server pinned to one version (``weightship-serve --digest``) uses the
+``versions`` and ``leases`` routes instead and never follows a pointer: asking for a version and
+naming its deployment is also a request to stage it (``agent.pins``), and a lease keeps it on disk
+while the server runs. ``path`` is the version directory itself, stable for as long as the version is
 referenced; ``<data_dir>/deployments/<name>/current`` is the same directory through a link.
 Every error answer is RFC 9457 problem details (``agent.problems``): 400 ``invalid`` for a bad
 ``wait`` query, 404 ``not_found`` for a deployment never pointed (``no_route`` for an unknown
@@ -22,19 +32,21 @@ route), 405, 413, 422 ``invalid_request`` for a malformed validation report, 500
 from __future__ import annotations
 
 import logging
+import re
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
+from agent.pins import ASK_SECONDS, Pins
 from agent.problems import boundary, problem_response
 from agent.serving import Serving
 from weightship.errors import NotFoundError, ValidationError
 from weightship.logs import event
-from weightship.schemas import NodeHeartbeat, ServeReport, ValidationReport
+from weightship.schemas import LocalLease, LocalVersion, NodeHeartbeat, ServeReport, ValidationReport
 
 __all__ = ["MAX_WAIT_SECONDS", "LocalAPI"]
 
@@ -43,6 +55,19 @@ log = logging.getLogger("agent.localapi")
 MAX_WAIT_SECONDS = 300.0
 
 _Body = TypeVar("_Body", bound=BaseModel)
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_HOLDER = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class Versions(Protocol):
+    """What the local API needs to answer for versions asked by digest (the reconciler)."""
+
+    pins: Pins
+
+    def describe(self, digest: str, deployment: str | None) -> LocalVersion:
+        """Where ``digest`` stands on this node, and why."""
+        ...
 
 
 def _json(model: BaseModel | list[BaseModel], status: int = 200) -> web.Response:
@@ -72,8 +97,13 @@ class LocalAPI:
         status: Callable[[], NodeHeartbeat],
         on_report: Callable[[ValidationReport], None],
         on_serve_metrics: Callable[[ServeReport], None] | None = None,
+        versions: Versions | None = None,
+        on_pinned: Callable[[], None] = lambda: None,
     ) -> None:
         self.serving = serving
+        self.versions = versions
+        #: called after every ask, lease and release (the agent follows deployments and stages versions)
+        self.on_pinned = on_pinned
         self.status = status
         self.on_report = on_report
         self.on_serve_metrics = on_serve_metrics
@@ -86,6 +116,10 @@ class LocalAPI:
                 web.post("/local/v1/validation", self._validation),
                 web.post("/local/v1/serve-metrics", self._serve_metrics),
                 web.get("/local/v1/status", self._status),
+                web.get("/local/v1/versions/{digest}", self._version),
+                web.get("/local/v1/versions/{digest}/wait", self._version_wait),
+                web.put("/local/v1/leases/{holder}", self._lease),
+                web.delete("/local/v1/leases/{holder}", self._release),
             ]
         )
         self._runner: web.AppRunner | None = None
@@ -157,6 +191,65 @@ class LocalAPI:
         if view is None:
             return web.Response(status=204)
         return _json(view)
+
+    def _asked(self, request: web.Request) -> tuple[Versions, str, str | None]:
+        """The version book, the digest in the path and the ``deployment`` query; 400 if either is malformed."""
+        digest = request.match_info["digest"]
+        deployment = request.query.get("deployment") or None
+        if not _DIGEST.match(digest):
+            raise ValidationError(
+                f"{digest!r} is not a version digest: ask for sha256:<64 hex digits>", fields={"digest": digest[:80]}
+            )
+        if deployment is not None and not _NAME.match(deployment):
+            raise ValidationError(
+                f"deployment {deployment[:80]!r} is not a deployment name (lower-case letters, digits, '.', '_', '-')"
+            )
+        if self.versions is None:
+            raise NotFoundError("this agent does not answer for versions by digest (a cache has no model servers)")
+        return self.versions, digest, deployment
+
+    async def _version(self, request: web.Request) -> web.Response:
+        versions, digest, deployment = self._asked(request)
+        versions.pins.ask(deployment, digest)
+        self.on_pinned()
+        return _json(versions.describe(digest, deployment))
+
+    async def _version_wait(self, request: web.Request) -> web.Response:
+        versions, digest, deployment = self._asked(request)
+        try:
+            # At most half an ask's life: the ask made here keeps the version until the next one.
+            timeout = min(float(request.query.get("timeout", "30")), ASK_SECONDS / 2)
+        except ValueError:
+            raise ValidationError("timeout must be a number of seconds", fields={"digest": digest}) from None
+        versions.pins.ask(deployment, digest)
+        self.on_pinned()
+
+        def ready() -> LocalVersion | None:
+            view = versions.describe(digest, deployment)
+            return view if view.path is not None else None
+
+        found = await self.serving.settle(ready, max(0.0, timeout))
+        return _json(found or versions.describe(digest, deployment))
+
+    async def _lease(self, request: web.Request) -> web.Response:
+        holder = request.match_info["holder"]
+        if not _HOLDER.match(holder):
+            raise ValidationError("a lease holder is 1 to 64 of A-Z a-z 0-9 . _ -", fields={"holder": holder[:80]})
+        lease = await _body(request, LocalLease)
+        if isinstance(lease, web.Response):
+            return lease
+        if self.versions is None:
+            raise NotFoundError("this agent does not answer for versions by digest (a cache has no model servers)")
+        self.versions.pins.lease(holder, lease.deployment, lease.digest, lease.seconds)
+        self.on_pinned()
+        return _json(self.versions.describe(lease.digest, lease.deployment))
+
+    async def _release(self, request: web.Request) -> web.Response:
+        holder = request.match_info["holder"]
+        if self.versions is not None and self.versions.pins.release(holder):
+            event(log, "lease.released", holder=holder)
+            self.on_pinned()
+        return web.Response(status=204)
 
     async def _validation(self, request: web.Request) -> web.Response:
         report = await _body(request, ValidationReport)

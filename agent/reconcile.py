@@ -33,6 +33,12 @@ verified the same way, one at a time after the served and kept versions, protect
 eviction while they are named, and reported in the inventory like any version on disk
 (``ready`` = verified here); they are never linked as ``current``: nothing serves them until a
 pointer names them, and then the switch downloads nothing.
+
+**Pinned versions** (``agent.pins``: versions local model servers ask for by digest, and hold
+while they serve them) are staged the same way, before the kept versions, when the pointer of the
+deployment they were asked for names them (stable, previous stable or canary: what the node is
+entitled to fetch); they are never evicted while a pin holds them. ``describe`` says where such a
+version stands (ready, fetching, failed, or unknown with the reason).
 Decisions run on the event loop; every disk write (epochs, ``current`` links, the LRU record,
 evictions) goes to a worker pool (``state_executor``), so local-API requests and heartbeats never
 wait behind an fsync. Writes of the epoch book are made one at a time (an ``asyncio.Lock``, which
@@ -54,6 +60,7 @@ from typing import TypeVar
 from agent.assemble import Assembler, Progress
 from agent.epochs import EpochBook, StaleEpochError
 from agent.fetcher import CorruptChunkError
+from agent.pins import Pins
 from agent.rangeclient import UrlRejected
 from agent.retention import Retention
 from agent.serving import Serving
@@ -61,7 +68,16 @@ from agent.store import VersionStore
 from weightship.backoff import DelaySequence
 from weightship.errors import DiskFullError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event
-from weightship.schemas import DesiredState, FetchFailure, FetchProblem, StagedVersion, VersionInventory, VersionState
+from weightship.schemas import (
+    DesiredState,
+    FetchFailure,
+    FetchProblem,
+    LocalVersion,
+    LocalVersionState,
+    StagedVersion,
+    VersionInventory,
+    VersionState,
+)
 
 __all__ = ["Reconciler", "Target"]
 
@@ -166,8 +182,11 @@ class Reconciler:
         backoff_max: float = 10.0,
         corrupt_retry: tuple[float, float] = CORRUPT_RETRY,
         on_change: Callable[[], None] = lambda: None,
+        pins: Pins | None = None,
     ) -> None:
         self.store = store
+        #: versions local model servers ask for and hold (``agent.pins``)
+        self.pins = pins or Pins()
         self.book = book
         self.serving = serving
         self.assembler = assembler
@@ -189,6 +208,8 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._book_writes = asyncio.Lock()
+        #: whether a desired state arrived since this agent started
+        self._received = False
 
     async def _io(self, fn: Callable[..., _R], *args: object) -> _R:
         """Run a disk step in the state pool and wait for it without blocking the event loop."""
@@ -213,7 +234,12 @@ class Reconciler:
             if self._targets.get(target.name) != target:
                 self._retry_now(target)
         self._targets = targets
+        self._received = True
         self._apply_stage(desired.stage)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Reconcile soon (a local server asked for a version, or a pin lapsed)."""
         self._wake.set()
 
     def _apply_stage(self, stage: list[StagedVersion]) -> None:
@@ -266,7 +292,7 @@ class Reconciler:
             if target.digest:
                 found.add(target.digest)
             found.update(target.keep)
-        return found | set(self._stage) | self.active()
+        return found | set(self._stage) | self.active() | self.pins.digests()
 
     def active(self) -> set[str]:
         """Digests being fetched right now."""
@@ -293,6 +319,61 @@ class Reconciler:
                 )
             )
         return items
+
+    def describe(self, digest: str, deployment: str | None) -> LocalVersion:
+        """Where ``digest`` (asked for as a version of ``deployment``) stands on this node, and why."""
+        manifest = self.store.ready().get(digest)
+        if manifest is not None:
+            size = manifest.total_size
+            path = str(self.store.path(digest))
+            return LocalVersion(
+                digest=digest, deployment=deployment, state=LocalVersionState.ready, path=path,
+                bytes_total=size, bytes_present=size,
+            )  # fmt: skip
+        version = self._versions.get(digest)
+        if version is not None and (version.running or version.error is not None):
+            problem = version.problem()
+            reason = f"{problem.reason.value}: {problem.message}" if problem is not None else ""
+            return LocalVersion(
+                digest=digest,
+                deployment=deployment,
+                state=LocalVersionState.fetching if version.running else LocalVersionState.failed,
+                reason=reason or (version.error or ""),
+                bytes_total=version.progress.bytes_total,
+                bytes_present=version.progress.bytes_present,
+            )
+        state, reason = self._why_not(digest, deployment)
+        return LocalVersion(digest=digest, deployment=deployment, state=state, reason=reason[:4096])
+
+    def _why_not(self, digest: str, deployment: str | None) -> tuple[LocalVersionState, str]:
+        """Why ``digest`` is neither on disk nor being fetched: queued, not named, or nothing known yet."""
+        if digest in self._stage:
+            return LocalVersionState.fetching, "staged by the control plane (a preheat or a warm pool); queued"
+        if deployment is None:
+            return LocalVersionState.unknown, (
+                f"{digest} is not on this node and no deployment was named; ask with ?deployment=NAME so the "
+                "agent follows that deployment and stages the version its pointer names"
+            )
+        target = self._targets.get(deployment)
+        if target is None:
+            waiting = "no desired state has arrived yet" if not self._received else "its desired state names none"
+            return LocalVersionState.unknown, (
+                f"this node has no pointer for deployment {deployment!r} ({waiting}): the agent follows it now "
+                "that a local server asked for it and stages the version once the control plane names it; if this "
+                "lasts, check that the deployment exists ('weightship deployment list'), that its pointer is set, "
+                "and that the agent reaches the control plane"
+            )
+        named = {d for d in (target.digest, *target.keep) if d}
+        if digest in named:
+            return LocalVersionState.fetching, (
+                f"deployment {deployment!r}'s pointer (epoch {target.epoch}) names it; queued behind the other "
+                "versions this node fetches"
+            )
+        return LocalVersionState.unknown, (
+            f"deployment {deployment!r}'s pointer (epoch {target.epoch}) names {', '.join(sorted(named)) or 'nothing'}, "
+            f"not {digest}, so this node may not fetch it: point the deployment at it (stable or canary, e.g. "
+            "'weightship deploy' or a ModelRollout), or run this server with a digest the pointer names"
+        )
 
     def errors(self) -> list[str]:
         """What is wrong right now (failed fetches), for the heartbeat's health."""
@@ -343,13 +424,15 @@ class Reconciler:
             else:
                 serving_fetches |= self._want(target.model, target.digest, now)
         wanted = {t.digest for t in self._targets.values() if t.digest}
+        # What local servers asked for first (they wait for it), then what the pointers keep.
+        kept = [(m, d) for m, d in self._asked() if d not in wanted]
         if self.prefetch:
-            kept = [(t.model, d) for t in self._targets.values() for d in t.keep if d not in wanted]
-            if not serving_fetches:
-                for model, digest in kept:  # one at a time, after what is served
-                    if not self.store.is_ready(digest) and self._want(model, digest, now):
-                        break
-            wanted |= {d for _m, d in kept}
+            kept += [(t.model, d) for t in self._targets.values() for d in t.keep if d not in wanted]
+        if not serving_fetches:
+            for model, digest in kept:  # one at a time, after what is served
+                if not self.store.is_ready(digest) and self._want(model, digest, now):
+                    break
+        wanted |= {d for _m, d in kept}
         staged = [(model, d) for d, model in self._stage.items() if d not in wanted]
         if not serving_fetches and not any(self._versions[d].running for d in wanted if d in self._versions):
             for model, digest in staged:  # one at a time, after what is served and kept
@@ -370,6 +453,16 @@ class Reconciler:
         evicted = await loop.run_in_executor(self.executor, self.retention.trim, self.protected())
         if evicted:
             self.on_change()
+
+    def _asked(self) -> list[tuple[str, str]]:
+        """(model, digest) of each version a live pin asks for that its deployment's pointer names."""
+        found = []
+        for name, digests in sorted(self.pins.asked().items()):
+            target = self._targets.get(name)
+            if target is not None:
+                named = {target.digest, *target.keep}
+                found += [(target.model, d) for d in sorted(digests) if d in named]
+        return found
 
     def _want(self, model: str, digest: str, now: float) -> bool:
         """Make sure ``digest`` is being fetched (unless it failed recently); whether it is now."""
@@ -425,6 +518,7 @@ class Reconciler:
             self._versions.pop(version.digest, None)
         finally:
             self._wake.set()
+            self.serving.poke()  # a version asked for by digest is ready now, or failed
             self.on_change()
 
     async def _switch(self, target: Target) -> None:

@@ -7,7 +7,10 @@ a unix socket (``unix:/path/agent.sock``). Requests go through the shared HTTP c
 (``weightship.http.AsyncSession``): the agent's error answers map to our errors by their code
 (``NotFoundError`` for an unknown deployment, and so on); a refused connection, a timeout or a
 5xx becomes ``AgentUnavailableError`` (retry later), carrying the agent's ``Retry-After``.
-Nothing here retries by itself: ``serve.follow`` owns the loop and its backoff.
+A server pinned to one version asks for it by digest instead (``version``, ``wait_version``),
+and holds a lease on it while it runs (``lease``, ``release``), so the agent stages it and never
+evicts it. Nothing here retries by itself: ``serve.follow`` and ``serve.pinned`` own the loops
+and their backoff.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from gpu_loader.validation import ValidationOutcome
 from weightship.backoff import Backoff
 from weightship.errors import TemporaryError
 from weightship.http import AsyncSession, Params, parse, segment
-from weightship.schemas import LocalDeployment, ServeReport, ValidationCheck, ValidationReport
+from weightship.schemas import (
+    LocalDeployment,
+    LocalLease,
+    LocalVersion,
+    ServeReport,
+    ValidationCheck,
+    ValidationReport,
+)
 
 __all__ = ["LocalAgent", "validation_report"]
 
@@ -54,7 +64,7 @@ class LocalAgent:
         *,
         seconds: float = 10.0,
         params: Params | None = None,
-        body: ValidationReport | ServeReport | None = None,
+        body: ValidationReport | ServeReport | LocalLease | None = None,
     ) -> httpx.Response:
         try:
             return await self._session.send(
@@ -78,6 +88,32 @@ class LocalAgent:
         if response.status_code == 204:
             return None
         return parse(LocalDeployment, response)
+
+    async def version(self, digest: str, deployment: str) -> LocalVersion:
+        """Where version ``digest`` of ``deployment`` stands on this host (asking also stages it)."""
+        return parse(
+            LocalVersion,
+            await self._request("GET", f"/local/v1/versions/{segment(digest)}", params={"deployment": deployment}),
+        )
+
+    async def wait_version(self, digest: str, deployment: str, seconds: float) -> LocalVersion:
+        """Version ``digest`` once it is ready here, or as it stands after ``seconds``."""
+        response = await self._request(
+            "GET",
+            f"/local/v1/versions/{segment(digest)}/wait",
+            params={"deployment": deployment, "timeout": seconds},
+            seconds=seconds + 10.0,
+        )
+        return parse(LocalVersion, response)
+
+    async def lease(self, holder: str, deployment: str, digest: str, seconds: float) -> LocalVersion:
+        """Hold ``digest`` for ``seconds`` (renew before they pass): the agent stages it and never evicts it."""
+        body = LocalLease(deployment=deployment, digest=digest, seconds=seconds)
+        return parse(LocalVersion, await self._request("PUT", f"/local/v1/leases/{segment(holder)}", body=body))
+
+    async def release(self, holder: str) -> None:
+        """Drop ``holder``'s lease (the server stops)."""
+        await self._request("DELETE", f"/local/v1/leases/{segment(holder)}")
 
     async def report(self, report: ValidationReport) -> None:
         """Send a validation report; the agent forwards it to the control plane."""

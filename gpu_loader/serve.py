@@ -13,6 +13,15 @@ that fails to load or validate is reported to the agent (``ValidationReport``) a
 the previous one stays. ``--version-dir`` serves one version without an agent and exits with
 status 1 if it fails.
 
+``--digest sha256:...`` (or ``WEIGHTSHIP_DIGEST``, as the Kubernetes operator sets it in every pod
+of a version's ReplicaSet; ``WEIGHTSHIP_DEPLOYMENT`` likewise gives ``--deployment``) pins the
+server to that one version: it asks the agent for it by digest, which makes the agent stage it
+when the deployment's pointer names it, waits (not ready; ``/readyz`` and ``/v1/status`` say
+which digest it waits for and where the node stands with it) until the node holds it verified,
+loads it once and serves it for as long as it runs. It never follows the pointer and never
+swaps. It holds a lease on the version (renewed every third of ``--lease-seconds``, dropped at a
+clean stop), so the agent never evicts a version while this server serves it.
+
 HTTP:
 
 ``POST /v1/generate``  ``{"input_ids": [[int, ...], ...], "max_new_tokens": 1}`` ->
@@ -36,6 +45,8 @@ import contextlib
 import gc
 import json
 import logging
+import os
+import re
 import signal
 import sys
 import threading
@@ -84,6 +95,10 @@ class ServeConfig:
     poll_seconds: float = 30.0
     checksum_dir: Path | None = None
     metrics_push_seconds: float = 5.0
+    #: serve exactly this version (pinned mode), never what the deployment's pointer says
+    digest: str | None = None
+    #: pinned mode: how long the agent keeps the version for this server without a renewal
+    lease_seconds: float = 30.0
 
 
 def _problem(request: web.Request, status: int, code: str, detail: str) -> web.Response:
@@ -113,6 +128,12 @@ class Server:
         self._load = ThreadPoolExecutor(1, thread_name_prefix="ws-load")
         self.last_failure: Prepared | None = None
         self._retiring: set[asyncio.Task[None]] = set()
+        #: pinned mode, until the version is loaded: what the server waits for and where the node stands
+        self.waiting_for: dict[str, Any] | None = (
+            {"digest": config.digest, "deployment": config.deployment, "agent": config.agent, "state": "starting"}
+            if config.digest is not None
+            else None
+        )
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -175,7 +196,13 @@ class Server:
 
     async def _status(self, request: web.Request) -> web.Response:
         served = self.slot.current
-        body: dict[str, Any] = {"deployment": self.config.deployment, "ready": served is not None, "serving": None}
+        body: dict[str, Any] = {
+            "deployment": self.config.deployment,
+            "ready": served is not None,
+            "serving": None,
+            "pinned": self.config.digest,
+            "waiting_for": self.waiting_for,
+        }
         if served is not None:
             body["serving"] = {
                 "digest": served.digest,
@@ -219,7 +246,15 @@ class Server:
     async def _readyz(self, request: web.Request) -> web.Response:
         served = self.slot.current
         if served is None:
-            return web.json_response({"ready": False}, status=503)
+            body: dict[str, Any] = {"ready": False}
+            if self.config.digest is not None:
+                body["pinned"] = self.config.digest
+                body["waiting_for"] = self.waiting_for
+                failure = self.last_failure
+                if failure is not None:
+                    failed = failure.outcome.failures() if failure.outcome is not None else []
+                    body["refused"] = failure.error or "; ".join(f"{c.name}: {c.detail}" for c in failed)
+            return web.json_response(body, status=503)
         return web.json_response({"ready": True, "digest": served.digest, "epoch": served.epoch})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -339,6 +374,64 @@ class Server:
             except WeightshipError as exc:
                 event(_log, "serve.report_failed", logging.WARNING, digest=deployment.digest, error=exc.message)
 
+    async def pinned(self, agent: LocalAgent) -> None:
+        """Serve exactly ``config.digest``, forever: wait until the node holds it verified, load it once.
+
+        Every step renews the lease (``PUT /local/v1/leases/{instance}``), which is also the ask that
+        makes the agent stage the version; while it is not ready the server long-polls it.
+        """
+        digest, name, lease = self.config.digest, self.config.deployment, self.config.lease_seconds
+        assert digest is not None
+        backoff = DelaySequence(initial=0.5, maximum=10.0)
+        loaded = False
+        while True:
+            try:
+                view = await agent.lease(self.instance, name, digest, lease)
+                if not loaded and view.path is None:
+                    self._wait_state(view.state.value, view.reason, view.bytes_present, view.bytes_total)
+                    view = await agent.wait_version(digest, name, max(1.0, min(self.config.poll_seconds, lease / 3)))
+                backoff.reset()
+            except WeightshipError as exc:
+                delay = backoff.next_delay()
+                event(_log, "serve.agent_unavailable", logging.WARNING, agent=agent.address, error=exc.message,
+                      retry_in=f"{delay:.2f}")  # fmt: skip
+                if not loaded:
+                    self._wait_state("agent_unavailable", exc.message, 0, 0)
+                await asyncio.sleep(delay)
+                continue
+            if loaded:
+                await asyncio.sleep(lease / 3)  # ok-sleep: the lease's renewal period
+                continue
+            if view.path is None:
+                self._wait_state(view.state.value, view.reason, view.bytes_present, view.bytes_total)
+                continue
+            loaded = True
+            self.waiting_for = None
+            prepared = await self.install(Path(view.path), digest, 0)
+            report = validation_report(
+                name, digest, outcome=prepared.outcome, stats=prepared.stats, error=prepared.error
+            )
+            try:
+                await agent.report(report)
+            except WeightshipError as exc:
+                event(_log, "serve.report_failed", logging.WARNING, digest=digest, error=exc.message)
+
+    def _wait_state(self, state: str, reason: str, present: int, total: int) -> None:
+        """Pinned mode: record (and log, when it changed) where the node stands with the version."""
+        previous = self.waiting_for or {}
+        self.waiting_for = {
+            "digest": self.config.digest,
+            "deployment": self.config.deployment,
+            "agent": self.config.agent,
+            "state": state,
+            "reason": reason,
+            "bytes_present": present,
+            "bytes_total": total,
+        }
+        if (previous.get("state"), previous.get("reason")) != (state, reason):
+            event(_log, "serve.waiting_for_version", logging.INFO, digest=self.config.digest,
+                  deployment=self.config.deployment, state=state, reason=reason or "-")  # fmt: skip
+
     async def push_metrics(self, agent: LocalAgent) -> None:
         """Push the per-version counters to the agent every ``metrics_push_seconds``, forever."""
         failing = False
@@ -434,7 +527,7 @@ async def _run(config: ServeConfig) -> int:
         else:
             assert config.agent is not None
             agent = LocalAgent(config.agent)
-            follower = asyncio.create_task(server.follow(agent))
+            follower = asyncio.create_task(server.pinned(agent) if config.digest else server.follow(agent))
             pusher = asyncio.create_task(server.push_metrics(agent))
         await stop.wait()
     finally:
@@ -447,6 +540,9 @@ async def _run(config: ServeConfig) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
         if agent is not None:
+            if config.digest is not None:
+                with contextlib.suppress(WeightshipError):  # else the lease lapses by itself
+                    await agent.release(server.instance)
             await agent.aclose()
         await runner.cleanup()
         await server.close()
@@ -458,10 +554,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="weightship-serve", description="Reference model server for weightship versions."
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--agent", help="agent local API: http://127.0.0.1:PORT or unix:/path/agent.sock")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--agent",
+        default=os.environ.get("WEIGHTSHIP_AGENT_URL") or None,
+        help="agent local API: http://127.0.0.1:PORT or unix:/path/agent.sock (default: $WEIGHTSHIP_AGENT_URL)",
+    )
     source.add_argument("--version-dir", type=Path, help="serve this version directory, without an agent")
-    parser.add_argument("--deployment", default="default", help="deployment name to ask the agent about")
+    parser.add_argument(
+        "--deployment",
+        default=os.environ.get("WEIGHTSHIP_DEPLOYMENT") or "default",
+        help="deployment name to ask the agent about (default: $WEIGHTSHIP_DEPLOYMENT, else 'default')",
+    )
+    parser.add_argument(
+        "--digest",
+        default=os.environ.get("WEIGHTSHIP_DIGEST") or None,
+        help="serve exactly this version (sha256:...), never what the pointer says (default: $WEIGHTSHIP_DIGEST)",
+    )
+    parser.add_argument(
+        "--lease-seconds", type=float, default=30.0, help="with --digest: how long the agent holds it without renewal"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
@@ -476,6 +588,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.version_dir is not None:
+        args.agent = None  # an explicit --version-dir wins over $WEIGHTSHIP_AGENT_URL
+    elif args.agent is None:
+        parser.error("one of --agent (or $WEIGHTSHIP_AGENT_URL) or --version-dir is required")
+    if args.digest is not None and (args.version_dir is not None or not re.fullmatch(r"sha256:[0-9a-f]{64}", args.digest)):
+        parser.error(
+            f"--digest {args.digest!r}: give a version digest, sha256:<64 hex digits>, together with --agent"
+            if args.version_dir is None
+            else "--digest pins a version served through the agent; drop it with --version-dir"
+        )
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -494,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         poll_seconds=args.poll_seconds,
         checksum_dir=args.checksum_dir,
         metrics_push_seconds=max(0.1, args.metrics_push_seconds),
+        digest=args.digest,
+        lease_seconds=min(3600.0, max(3.0, args.lease_seconds)),
     )
     return asyncio.run(_run(config))
 
