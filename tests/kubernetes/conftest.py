@@ -120,6 +120,13 @@ async def kmock_server() -> AsyncIterator[VersionedEmulator]:
                                ("v1/events", "Event"), ("v1/services", "Service")):  # fmt: skip
             handler.resources[resource] = kmock.ResourceInfo(kind=kind, namespaced=True,
                                                              verbs={"get", "list", "watch", "patch", "create", "delete"})  # fmt: skip
+        # What the process kubelet (tests/kubernetes/kubelet.py) reads and writes.
+        handler.resources["v1/pods"] = kmock.ResourceInfo(
+            kind="Pod", namespaced=True, subresources={"status"},
+            verbs={"get", "list", "watch", "patch", "create", "delete"},
+        )  # fmt: skip
+        handler.resources["v1/nodes"] = kmock.ResourceInfo(kind="Node", namespaced=False,
+                                                           verbs={"get", "list", "watch", "create"})  # fmt: skip
         # kopf's namespace and CRD observers wait for these to be discoverable.
         for resource, kind in (("v1/namespaces", "Namespace"),
                                ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition")):  # fmt: skip
