@@ -1,0 +1,160 @@
+"""What goes wrong around a ModelRollout shows on it: API refusals, an unreachable control plane, a rollback by hand.
+
+Real kopf operators, the real ``kubernetes`` client and a live control plane, as in
+``test_rollouts.py``. kmock answers the refusals a real API server gives (403 from RBAC, 422 from
+validation or an admission policy) where a test asks it to; a user reads them with
+``kubectl describe mro`` (conditions and Events), so the tests read the same.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import kmock
+import pytest
+
+from tests.kubernetes.conftest import NAMESPACE, REPLICASETS, Operators, VersionedEmulator
+from tests.kubernetes.test_operator_lifecycle import condition, live, sets_of
+from tests.kubernetes.test_rollouts import BASE, WAIT, apply, deployed, event_reasons, rollout, status, verb
+from weightship.client import Client
+from weightship.testing import eventually_async, free_port
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("replicaset_controller")]
+
+ADMIN = "ws_test-bootstrap-admin-0123456789abcdef"
+
+
+def refuse(server: VersionedEmulator, method: str, path: str, code: int, reason: str, message: str) -> Callable[[], None]:
+    """Make kmock refuse ``method`` on paths matching ``path`` as an API server would; returns the undo."""
+    original = server._handle
+
+    async def handle(request: Any) -> Any:
+        if request.method.name == method and re.search(path, request.url.path):
+            raise kmock.KubernetesError(status=code, reason=reason, message=message)
+        return await original(request)
+
+    server._handle = handle  # type: ignore[method-assign]
+    return lambda: delattr(server, "_handle")
+
+
+def events(server: VersionedEmulator, reason: str) -> list[dict[str, Any]]:
+    """The Events with ``reason`` posted so far."""
+    kind = kmock.resource("", "v1", "events")
+    found = [server.objects[key] for key in list(server.objects) if key[0] == kind]
+    return [dict(e) for e in found if e.get("reason") == reason]
+
+
+async def reconciles(server: VersionedEmulator, count: int) -> None:
+    """Wait until the operator read the rollout ``count`` more times (each reconcile reads it first)."""
+    mark = len(list(server))
+    await eventually_async(
+        lambda: sum(1 for r in list(server)[mark:] if r.method.name == "GET" and r.url.path == f"{BASE}/chat") >= count,
+        WAIT, f"{count} more reconciles",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "message", "advice"),
+    [
+        (403, "Forbidden", 'replicasets.apps is forbidden: User "system:serviceaccount:weightship:weightship-operator" '
+                           'cannot create resource "replicasets" in API group "apps" in the namespace "models"',
+         "operator's Role"),
+        (422, "Invalid", 'ReplicaSet.apps "chat" is invalid: spec.template.spec.containers[0].image: Required value',
+         "admission policy"),
+    ],
+)  # fmt: skip
+async def test_a_refused_replicaset_shows_as_a_condition_and_one_event_until_it_is_accepted(
+    kmock_server: VersionedEmulator,
+    operators: Operators,
+    controlplane: tuple[str, dict[str, str]],
+    code: int,
+    reason: str,
+    message: str,
+    advice: str,
+) -> None:
+    _, digests = controlplane
+    undo = refuse(kmock_server, "POST", r"/replicasets$", code, reason, message)
+    operators.start("op-a")
+    await apply(kmock_server, rollout("v1", []))
+    refused = await eventually_async(
+        lambda: (c := condition(kmock_server, "Reconciled")).get("status") == "False" and c, WAIT, "Reconciled=False"
+    )
+    assert refused["reason"] == reason
+    assert f"create ReplicaSet {NAMESPACE}/chat-" in refused["message"]
+    assert message in refused["message"]
+    assert advice in refused["message"]
+    await eventually_async(lambda: events(kmock_server, reason), WAIT, f"a {reason} Event")
+    await reconciles(kmock_server, 3)  # the same refusal again and again...
+    (warning,) = events(kmock_server, reason)  # ...is said once
+    assert warning["type"] == "Warning"
+    assert message in warning["message"]
+
+    undo()  # RBAC or the policy fixed: the next reconcile gets through
+    await deployed(kmock_server, digests["v1"])
+    assert condition(kmock_server, "Reconciled")["status"] == "True"
+    assert "Reconciled" in event_reasons(kmock_server)
+
+
+async def test_an_unreachable_control_plane_shows_as_a_condition_and_an_event(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
+) -> None:
+    operators.cp_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    operators.start("op-a")
+    await apply(kmock_server, rollout("v1", []))
+    failed = await eventually_async(
+        lambda: (c := condition(kmock_server, "Reconciled")).get("status") == "False" and c, WAIT, "Reconciled=False"
+    )
+    assert failed["reason"] == "ControlPlaneUnreachable"
+    assert "cannot reach the control plane" in failed["message"]
+    assert "WEIGHTSHIP_URL" in failed["message"]  # what to check
+    await eventually_async(lambda: events(kmock_server, "ControlPlaneUnreachable"), WAIT, "a Warning Event")
+    assert live(kmock_server, REPLICASETS) == []  # nothing made for a version nobody could resolve
+
+
+async def test_a_rollback_made_outside_the_operator_is_followed_shown_and_left_alone_until_retry(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
+) -> None:
+    url, digests = controlplane
+    operators.start("op-a")
+    window = {"rollbackWindowSeconds": 600}
+    await apply(kmock_server, rollout("v1", [], **window))
+    await deployed(kmock_server, digests["v1"])
+    await apply(kmock_server, rollout("v2", [], **window))
+    await deployed(kmock_server, digests["v2"])
+    ((v1_set, v1_before),) = sets_of(kmock_server, digests["v1"]).items()
+    assert (v1_before["role"], v1_before["replicas"]) == ("previous", 4)
+
+    with Client(url, ADMIN) as client:
+        moved = client.rollback("chat-prod", reason="v2 answers badly")
+    assert moved.stable == digests["v1"]
+
+    shown = await eventually_async(
+        lambda: (c := condition(kmock_server, "PointerMovedOutside")).get("status") == "True" and c, WAIT, "the move"
+    )
+    assert shown["reason"] == "RolledBackOutside"
+    assert "moved deployment chat-prod's pointer to v1" in shown["message"]
+    assert "v2 answers badly" in shown["message"]
+    await eventually_async(lambda: events(kmock_server, "RolledBackOutside"), WAIT, "a RolledBackOutside Event")
+    now = status(kmock_server)
+    assert (now["stable"], now["stableLabel"], now.get("canary")) == (digests["v1"], "v1", None)
+    assert (now["phase"], now["engine"]["abortReason"]) == ("Degraded", "PointerChangedExternally")
+    # The ReplicaSets follow: v1's, kept for the window, is stable again with the pods it had.
+    await eventually_async(
+        lambda: sets_of(kmock_server, digests["v1"]) == {v1_set: {**v1_before, "role": "stable"}}, WAIT, "v1 stable"
+    )
+    assert [s["role"] for s in sets_of(kmock_server, digests["v2"]).values()] == ["previous"]
+    created = [r for r in kmock_server if r.method.name == "POST" and r.url.path.endswith("/replicasets")]
+    assert len(created) == 2  # no pod was made for the rollback
+
+    await reconciles(kmock_server, 3)
+    with Client(url, ADMIN) as client:
+        assert client.get_deployment("chat-prod").epoch == moved.epoch  # the operator did not move it back
+    assert len(events(kmock_server, "RolledBackOutside")) == 1
+
+    await verb(kmock_server, "retry")  # a person asks for v2 again
+    await deployed(kmock_server, digests["v2"])
+    assert condition(kmock_server, "PointerMovedOutside")["status"] == "False"
+    with Client(url, ADMIN) as client:
+        assert client.get_deployment("chat-prod").stable == digests["v2"]
