@@ -24,6 +24,7 @@ from gpu_loader.modelgen import generate
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.gpu_loader.test_serve import PROMPT, REPO, ServerProcess
+from weightship.schemas import NodeHeartbeat, VersionState
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -155,3 +156,66 @@ def test_a_digest_that_is_not_one_is_refused_at_start() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "--digest 'v2': give a version digest, sha256:<64 hex digits>" in proc.stderr
+
+
+def held(status: NodeHeartbeat) -> set[str]:
+    """The versions an agent's report lists as ready on disk."""
+    return {v.digest for v in status.inventory if v.state == VersionState.ready}
+
+
+async def test_a_version_a_pinned_server_serves_is_not_evicted_until_the_server_is_gone(tmp_path: Path) -> None:
+    cp = ControlPlaneProcess(tmp_path / "controlplane")
+    cp.start()
+    agent: AgentProcess | None = None
+    server: ServerProcess | None = None
+    try:
+        await cp.ready()
+        digests: list[str] = []
+        with cp.client() as admin:
+            for i in range(5):
+                generate(tmp_path / f"m{i}", size_mb=1, seed=11, variant=i)
+                published = admin.publish_directory(tmp_path / f"m{i}", "tiny", [f"v{i}"]).version
+                digests.append(published.digest)
+            size = published.size
+            token = admin.create_token("pinned-retention", "agent").token
+            epoch = admin.create_deployment("chat", "tiny").epoch
+            epoch = admin.set_pointer("chat", "v0", expected_epoch=epoch).epoch
+        v0, v1, v2, v3, v4 = digests
+        # Room for three versions and a half: the fourth makes the agent evict one.
+        quota = ["--quota", str(int(size * 3.5)), "--min-free", "0"]
+        agent = AgentProcess(tmp_path / "agents", "gpu-node-1", cp.url, token, ["chat"], quota)
+        agent.data_dir.parent.mkdir(parents=True)
+        agent.start()
+        await agent.ready()
+        await agent.serving(v0)
+        server = pinned(agent, v0, tmp_path / "serve", "--lease-seconds", "3")
+        await eventually(lambda: server is not None and server.ready_digest() == v0, 120, "the server serving v0")
+
+        for label, digest in (("v1", v1), ("v2", v2), ("v3", v3)):
+            with cp.client() as admin:
+                epoch = admin.set_pointer("chat", label, expected_epoch=epoch).epoch
+            await agent.serving(digest)
+        # v3 needed room; v0 and v1 were both unreferenced by the pointer (which keeps v3 and v2), and
+        # only v0 is served: v1 goes, v0 stays.
+        assert held(await agent.status()) == {v0, v2, v3}
+        assert answers(server, 2) == {v0}
+
+        # The server dies without a word: its lease lapses, and v0 is evictable again.
+        server.proc.kill()
+        server.proc.wait(timeout=20)
+        # v4 as a canary at share 0: the node keeps v3, v2 and v4, so only v0 can make room for it.
+        with cp.client() as admin:
+            admin.set_pointer("chat", "v3", canary="v4", canary_share=0.0, expected_epoch=epoch)
+
+        async def staged() -> set[str] | None:
+            found = held(await agent.status())
+            return found if v4 in found else None
+
+        assert await eventually(staged, 90, "v4 staged once v0's lease lapsed") == {v2, v3, v4}
+        assert "retention.evicted digest=" + v0 in agent.log()
+    finally:
+        if server is not None:
+            server.stop()
+        if agent is not None:
+            await agent.close()
+        cp.stop()
