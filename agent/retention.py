@@ -1,8 +1,10 @@
 """Retention: what stays on disk within the quota, what is evicted, and when the disk is full.
 
 Every version a deployment references (stable, previous stable, canary: the ``keep`` list of
-the desired state) and every version a deployment serves or the agent is fetching is
-*protected* and never deleted. Everything else is the LRU tail: kept while it fits, evicted
+the desired state), every version a deployment serves or the agent is fetching, and every version
+a model server on this node holds (``agent.pins``: a pinned server's lease, or a recent ask for it
+by digest) is *protected* and never deleted: a pod of the previous version, kept for a rollback
+window, keeps its weights on disk after the pointer has moved on twice. Everything else is the LRU tail: kept while it fits, evicted
 least-recently-referenced first when room is needed, with abandoned partial staging areas going
 before any complete version.
 
@@ -164,7 +166,7 @@ class Retention:
         return DiskFullError(
             f"no room to fetch {digest}: it needs {human(need)} more (plus {human(others)} reserved by other "
             f"fetches), {human(excess)} short; {limit}, {human(usage)} in use, {human(free)} free on disk; "
-            f"the versions in use are all still referenced ({', '.join(d[:19] + '…' for d in held) or 'none'}), "
-            "so nothing more can be evicted. Raise the quota (--quota), free disk space, or unreference versions; "
+            f"the versions in use are all still referenced by a pointer or held by a model server on this node "
+            f"({', '.join(d[:19] + '…' for d in held) or 'none'}), so nothing more can be evicted. Raise the quota (--quota), free disk space, or unreference versions; "
             "see docs/runbooks/disk-full.md. Nothing partial was marked ready."
         )

@@ -154,7 +154,7 @@ def build_replicaset(
         "name": "weightship-wait-for-version",
         "image": spec.agent_image or wait_image,
         "command": ["python", "-m", "controlplane.k8s.waiter"],
-        "env": [digest_env, *agent_env],
+        "env": [digest_env, deployment_env, *agent_env],  # the deployment: the agent stages what its pointer names
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
     }
     _mount(waiter, paths.socket_dir, VOLUME_SOCKET, read_only=False)
