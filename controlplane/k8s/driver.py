@@ -246,13 +246,19 @@ class RolloutDriver:
             canary_share=float(pointer.get("share") or 0.0),
             epoch=int(pointer.get("epoch") or 0),
         )
-        cp = await self.controlplane.pointer(spec.deployment)
         labels: dict[str, str] = dict(stored.get("labels") or {})
         if not spec.is_digest:
             labels[digest] = spec.version
         outside: Mapping[str, Any] | None = stored.get("outside")
-        moved = await self._moved_outside(obj, spec, cp, observed, labels)
-        if moved is not None:
+        failure: Failure | None = None
+        moved = None
+        try:
+            cp: Deployment | None = await self.controlplane.pointer(spec.deployment)
+        except TemporaryError as exc:  # the pods need no control plane: converge them anyway, say it below
+            cp, failure = None, failure_of(exc)
+        if cp is not None:
+            moved = await self._moved_outside(obj, spec, cp, observed, labels)
+        if cp is not None and moved is not None:
             outside = moved
             observed = PointerObservation(cp.stable, None, 0.0, observed.epoch + 1)
             if status is not None and cp.stable != digest:
@@ -279,9 +285,12 @@ class RolloutDriver:
         await self._converge(obj, spec, new_pointer, replicasets, now)
         await self._retire(namespace, replicasets, now)
         pods = _pods(name, spec, new_pointer, replicasets)
-        labels = await self._labels(cp.model, labels, new_pointer, replicasets)
+        if cp is not None:
+            labels = await self._labels(cp.model, labels, new_pointer, replicasets)
         extra = {"labels": labels, "outside": dict(outside) if outside else None, "selector": _selector(name, new_pointer)}
-        await self._write(obj, spec, digest, size, result.status, new_pointer, verb or handled, verb_note, pods, extra)
+        await self._write(
+            obj, spec, digest, size, result.status, new_pointer, verb or handled, verb_note, pods, extra, failure
+        )
 
     async def _moved_outside(
         self,
@@ -520,6 +529,7 @@ class RolloutDriver:
         verb_note: str,
         pods: PodCount,
         extra: Mapping[str, Any],
+        failure: Failure | None = None,
     ) -> None:
         meta, stored = obj["metadata"], obj.get("status") or {}
         new = summary(status, pointer, len(parse_spec(spec.engine_spec(digest)).steps), pods, extra["labels"])
@@ -532,7 +542,9 @@ class RolloutDriver:
             verbResult=verb_note or stored.get("verbResult"),
             refusal=None,
             observedGeneration=meta.get("generation"),
-            conditions=conditions_for(stored, now, engine=status, pods=pods, outside=extra["outside"]),
+            conditions=conditions_for(
+                stored, now, engine=status, pods=pods, outside=extra["outside"], failure=failure
+            ),
             **extra,
         )
         if str(stored.get("phase")) != new["phase"]:
@@ -548,7 +560,10 @@ class RolloutDriver:
                 message=new["message"],
             )
         before = {c.get("type"): c for c in stored.get("conditions") or []}.get("Reconciled") or {}
-        if before.get("status") == "False":
+        if failure is not None:
+            if (before.get("status"), before.get("reason"), before.get("message")) != ("False", *_cut(failure)):
+                self.post_event(obj, "Warning", failure.reason, failure.message)
+        elif before.get("status") == "False":
             self.post_event(obj, "Normal", "Reconciled", f"reconciled again after {before.get('reason')}")
         await self.kube.patch_rollout_status(meta["namespace"], meta["name"], new, meta.get("resourceVersion"))
 

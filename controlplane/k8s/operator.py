@@ -31,13 +31,14 @@ from typing import Any, cast
 import kopf
 
 from controlplane.k8s.driver import RolloutDriver
-from controlplane.k8s.kube import Body, KubeApi, connect
+from controlplane.k8s.kube import Body, InCluster, KubeApi, connect
 from controlplane.k8s.leader import LeaderElector
 from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE, AgentPaths
 from controlplane.k8s.rollout import GROUP, PLURAL, VERSION
 from controlplane.k8s.versions import ControlPlane
 from controlplane.k8s.workers import Workers
 from controlplane.rollouts.providers import ProviderRegistry
+from weightship.backoff import Backoff
 from weightship.client import Client
 from weightship.errors import WeightshipError
 from weightship.logs import event
@@ -126,6 +127,11 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         if config.kube_server:
             return kopf.ConnectionInfo(server=config.kube_server)
+        in_cluster = InCluster.from_env()
+        if in_cluster is not None:  # the pod's ServiceAccount, wherever it is mounted
+            return kopf.ConnectionInfo(
+                server=in_cluster.server, ca_path=str(in_cluster.ca_path), scheme="Bearer", token=in_cluster.token()
+            )
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(registry=registry)
@@ -133,7 +139,9 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 60
         runtime.kube = connect(config.kube_server, user_agent=f"weightship-operator/{config.identity}")
-        runtime.client = Client(config.controlplane_url, config.token)
+        # Two tries per call: a reconcile that fails is retried on the next tick anyway, and the
+        # pods converge meanwhile (a longer retry here would hold them up).
+        runtime.client = Client(config.controlplane_url, config.token, backoff=Backoff(attempts=2))
         runtime.providers = ProviderRegistry.default()
         runtime.driver = RolloutDriver(
             runtime.kube, ControlPlane(runtime.client), runtime.providers,

@@ -126,12 +126,12 @@ def conditions_for(
 ) -> list[dict[str, str]]:
     """The conditions, keeping each one's ``lastTransitionTime`` while its status does not change.
 
-    With only ``failure`` given, the other conditions are kept as stored and ``Reconciled`` is set
-    False; otherwise ``Reconciled`` is True (this reconcile got through).
+    ``failure`` sets ``Reconciled`` False (else it is True: this reconcile got through); given
+    alone (the reconcile stopped early), the other conditions are kept as stored.
     """
     previous = {c.get("type"): c for c in stored.get("conditions") or [] if isinstance(c, Mapping)}
     wanted: dict[str, tuple[bool, str, str]] = {}
-    if failure is not None:
+    if failure is not None and engine is None and refused is None:
         kept = {
             str(kind): (c.get("status") == "True", str(c.get("reason") or ""), str(c.get("message") or ""))
             for kind, c in previous.items()
@@ -140,7 +140,10 @@ def conditions_for(
         wanted.update(kept)
         wanted["Reconciled"] = (False, failure.reason, failure.message)
         return _conditions(wanted, previous, now)
-    wanted["Reconciled"] = (True, "Reconciled", "the last reconcile got through")
+    if failure is not None:
+        wanted["Reconciled"] = (False, failure.reason, failure.message)
+    else:
+        wanted["Reconciled"] = (True, "Reconciled", "the last reconcile got through")
     if refused is not None:
         reason, message = refused
         wanted["VersionResolved"] = (reason != "UnknownVersion", reason, message)

@@ -9,11 +9,14 @@ validation or an admission policy) where a test asks it to; a user reads them wi
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import kmock
 import pytest
+import pytest_asyncio
+from aiohttp import web
 
 from tests.kubernetes.conftest import NAMESPACE, REPLICASETS, Operators, VersionedEmulator
 from tests.kubernetes.test_operator_lifecycle import condition, live, sets_of
@@ -24,6 +27,65 @@ from weightship.testing import eventually_async, free_port
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("replicaset_controller")]
 
 ADMIN = "ws_test-bootstrap-admin-0123456789abcdef"
+
+
+class Cable:
+    """A plain reverse proxy in front of the control plane that a test can unplug (connections refused)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.plugged = True
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        self.runner = web.AppRunner(app)
+        self.site: web.TCPSite | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        """Listen (again) on its port."""
+        if self.session is None:
+            await self.runner.setup()
+            self.session = aiohttp.ClientSession()
+        self.site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+        await self.site.start()
+        self.plugged = True
+
+    async def unplug(self) -> None:
+        """Stop listening, and drop any kept-alive connection at its next request."""
+        self.plugged = False
+        assert self.site is not None
+        await self.site.stop()
+
+    async def close(self) -> None:
+        """Stop for good."""
+        if self.session is not None:
+            await self.session.close()
+        await self.runner.cleanup()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        if not self.plugged:
+            assert request.transport is not None
+            request.transport.close()
+            raise web.HTTPServiceUnavailable()
+        assert self.session is not None
+        keep = ("Authorization", "Content-Type", "If-Match")
+        async with self.session.request(
+            request.method, self.target + request.path_qs, data=await request.read(),
+            headers={k: v for k, v in request.headers.items() if k in keep},
+        ) as answer:  # fmt: skip
+            headers = {k: v for k, v in answer.headers.items() if k in ("Content-Type", "ETag")}
+            return web.Response(status=answer.status, body=await answer.read(), headers=headers)
+
+
+@pytest_asyncio.fixture
+async def cable(controlplane: tuple[str, dict[str, str]]) -> AsyncIterator[Cable]:
+    """The control plane behind a cable the test can unplug."""
+    proxy = Cable(controlplane[0])
+    await proxy.start()
+    yield proxy
+    await proxy.close()
 
 
 def refuse(server: VersionedEmulator, method: str, path: str, code: int, reason: str, message: str) -> Callable[[], None]:
@@ -158,3 +220,35 @@ async def test_a_rollback_made_outside_the_operator_is_followed_shown_and_left_a
     assert condition(kmock_server, "PointerMovedOutside")["status"] == "False"
     with Client(url, ADMIN) as client:
         assert client.get_deployment("chat-prod").stable == digests["v2"]
+
+
+async def test_with_the_control_plane_unplugged_the_pods_still_converge_and_the_condition_says_why(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], cable: Cable
+) -> None:
+    _, digests = controlplane
+    operators.cp_url = cable.url
+    operators.start("op-a")
+    await apply(kmock_server, rollout("v1", []))
+    await deployed(kmock_server, digests["v1"])
+    ((name, before),) = sets_of(kmock_server, digests["v1"]).items()
+
+    await cable.unplug()
+    failed = await eventually_async(
+        lambda: (c := condition(kmock_server, "Reconciled")).get("status") == "False" and c, WAIT, "Reconciled=False"
+    )
+    assert failed["reason"] == "ControlPlaneUnreachable"
+    # The pods need no control plane: a ReplicaSet deleted by hand comes back, a new count applies.
+    answer = await kmock_server.delete(f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets/{name}")
+    assert answer.status == 200, await answer.text()
+    answer = await kmock_server.patch(f"{BASE}/chat", json={"spec": {"replicas": 5}})
+    assert answer.status == 200, await answer.text()
+    await eventually_async(
+        lambda: sets_of(kmock_server, digests["v1"]) == {name: {**before, "replicas": 5}}, WAIT, "v1 back, at 5"
+    )
+    assert len(events(kmock_server, "ControlPlaneUnreachable")) == 1
+
+    await cable.start()
+    await eventually_async(
+        lambda: condition(kmock_server, "Reconciled").get("status") == "True", WAIT, "Reconciled=True again"
+    )
+    assert "Reconciled" in event_reasons(kmock_server)
