@@ -10,6 +10,10 @@ this operator drives the model-server pods through the same engine as the fleet 
 - ``kube.py`` — the Kubernetes API as this operator uses it (the ``kubernetes`` client), with
   409 conflicts and other API errors mapped to ours;
 - ``leader.py`` — leader election on a ``coordination.k8s.io/v1`` Lease;
-- ``driver.py`` — one reconcile: observe, run the engine, act, store the status;
+- ``driver.py`` — one reconcile: observe, run the engine, act, converge the ReplicaSets, store
+  the status (and show a failed reconcile on the resource);
+- ``status.py`` — the status fields and conditions people and ``kubectl`` read;
+- ``versions.py`` — what the operator asks the control plane (labels, the pointer and its audit);
+- ``workers.py`` — one worker per ModelRollout, on a timer and on changes, with no finalizer;
 - ``operator.py`` — the kopf wiring (``python -m controlplane.k8s``, ``weightship-operator``).
 """

@@ -147,6 +147,19 @@ async def test_a_finalizer_left_by_an_earlier_operator_is_removed_so_deletion_do
     assert stored(kmock_server, "chat") is None
 
 
+async def test_a_modelrollout_stuck_terminating_on_an_old_finalizer_goes_once_an_operator_runs(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], pods: Pods
+) -> None:
+    old = rollout("v1", [])
+    old["metadata"]["finalizers"] = [KOPF_FINALIZER]
+    await apply(kmock_server, old)
+    await delete(kmock_server, f"{BASE}/chat")  # the old operator is gone: Terminating, held by its finalizer
+    assert stored(kmock_server, "chat")["metadata"]["deletionTimestamp"]
+    operators.start("op-a")
+    await eventually_async(lambda: stored(kmock_server, "chat") is None, WAIT, "the held ModelRollout to go")
+    assert live(kmock_server, REPLICASETS) == []  # and nothing was made for it on the way out
+
+
 async def test_a_modelrollout_deleted_while_the_operator_runs_is_left_alone_from_then_on(
     kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], pods: Pods
 ) -> None:
