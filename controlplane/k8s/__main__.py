@@ -3,6 +3,10 @@
 Configured by environment (``OperatorConfig.from_env``): ``WEIGHTSHIP_URL`` and
 ``WEIGHTSHIP_TOKEN`` (an operator token) for the control plane, ``WEIGHTSHIP_OPERATOR_NAMESPACES``
 (comma-separated; empty watches all), ``POD_NAME``/``POD_NAMESPACE`` for the Lease identity.
+The Kubernetes API: ``WEIGHTSHIP_OPERATOR_KUBE_SERVER`` (a plain URL, tests) if set, else the pod's
+ServiceAccount (``KUBERNETES_SERVICE_HOST``/``_PORT`` and the token and CA under
+``/var/run/secrets/kubernetes.io/serviceaccount``, or ``WEIGHTSHIP_KUBE_SERVICE_ACCOUNT_DIR``),
+else the kubeconfig.
 """
 
 from __future__ import annotations

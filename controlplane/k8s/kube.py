@@ -21,18 +21,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import kubernetes.client as k8s
 import kubernetes.config as k8s_config
+import kubernetes.config.incluster_config as k8s_incluster
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from controlplane.k8s.rollout import GROUP, LABEL_ROLLOUT, PLURAL, VERSION
 from weightship.errors import ConflictError, NotFoundError, TemporaryError, WeightshipError
 
-__all__ = ["KubeApi", "KubeApiError", "connect"]
+__all__ = ["SERVICE_ACCOUNT_DIR", "InCluster", "KubeApi", "KubeApiError", "connect"]
 
 _T = TypeVar("_T")
 Body = dict[str, Any]
@@ -51,16 +55,48 @@ class KubeApiError(TemporaryError):
         self.reason = reason
 
 
+#: Where Kubernetes mounts a pod's ServiceAccount token, CA and namespace;
+#: ``WEIGHTSHIP_KUBE_SERVICE_ACCOUNT_DIR`` names another directory (tests run in-cluster configuration
+#: against kmock over TLS).
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass(frozen=True)
+class InCluster:
+    """The API server (``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``) and a pod's mounted credentials."""
+
+    server: str
+    token_path: Path
+    ca_path: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> InCluster | None:
+        """The in-cluster configuration, or None outside a pod (no service host, or no token file)."""
+        env = os.environ if environ is None else environ
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+        directory = Path(env.get("WEIGHTSHIP_KUBE_SERVICE_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR)
+        if not host or not port or not (directory / "token").is_file():
+            return None
+        bracketed = f"[{host}]" if ":" in host else host
+        return cls(f"https://{bracketed}:{port}", directory / "token", directory / "ca.crt")
+
+    def token(self) -> str:
+        """The token as mounted now (the kubelet rotates the file; read it at each login)."""
+        return self.token_path.read_text(encoding="utf-8").strip()
+
+
 def connect(server: str | None = None, *, user_agent: str = "weightship-operator") -> KubeApi:
     """A client for ``server`` (plain URL, tests), else in-cluster credentials, else the kubeconfig."""
     configuration = k8s.Configuration()
+    in_cluster = None if server else InCluster.from_env()
     if server:
         configuration.host = server.rstrip("/")
+    elif in_cluster is not None:
+        k8s_incluster.InClusterConfigLoader(
+            token_filename=str(in_cluster.token_path), cert_filename=str(in_cluster.ca_path)
+        ).load_and_set(configuration)
     else:
-        try:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        except k8s_config.ConfigException:
-            k8s_config.load_kube_config(client_configuration=configuration)
+        k8s_config.load_kube_config(client_configuration=configuration)
     api = k8s.ApiClient(configuration)
     api.user_agent = user_agent
     return KubeApi(api)

@@ -58,7 +58,8 @@ class VersionedEmulator(kmock.KubernetesEmulator):
 
     ``foreign_writes[(plural, name)] = n`` makes the next ``n`` writes to that object meet a change
     by another writer first (an annotation bump), so the operator's write carries a stale
-    ``resourceVersion`` and gets the 409 a real API server would answer.
+    ``resourceVersion`` and gets the 409 a real API server would answer. ``authorize``, when set,
+    refuses requests before they are served (RBAC, see ``rbac.py``).
     """
 
     def __attrs_post_init__(self) -> None:
@@ -66,8 +67,13 @@ class VersionedEmulator(kmock.KubernetesEmulator):
         self.counter = itertools.count(1)
         self.foreign_writes: dict[tuple[str, str], int] = {}
         self.conflicts = 0
+        #: checks each request before it is served, raising ``kmock.KubernetesError`` (401, 403) to
+        #: refuse it, as an API server's authentication and authorization do (``rbac.Audit.enforce``)
+        self.authorize: Callable[[Any], None] | None = None
 
     async def _handle(self, request: Any) -> Any:
+        if self.authorize is not None:
+            self.authorize(request)
         action = request.action
         if request.resource is not None and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})

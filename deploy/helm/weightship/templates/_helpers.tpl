@@ -95,22 +95,22 @@ seccompProfile: {type: RuntimeDefault}
 
 {{/* What the operator may do where ModelRollouts live: nothing it does not need. */}}
 {{- define "weightship.operatorRules" -}}
+# Exactly what the operator sends (tests/kubernetes/test_rbac.py fails on a request this does not
+# allow and on a verb no request uses): it watches ModelRollouts, reads one, and writes only its status.
 - apiGroups: [weightship.io]
   resources: [modelrollouts]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch]
 - apiGroups: [weightship.io]
   resources: [modelrollouts/status]
-  verbs: [get, patch, update]
+  verbs: [patch]
 # One ReplicaSet per version digest: created, scaled, relabelled, and deleted after the rollback window.
 - apiGroups: [apps]
   resources: [replicasets]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [list, create, patch, delete]
+# Events on ModelRollouts (core v1 Events, as kopf posts them).
 - apiGroups: [""]
-  resources: [pods]
-  verbs: [get, list, watch]
-- apiGroups: ["", events.k8s.io]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- if eq .Values.operator.trafficRouter "service" }}
 - apiGroups: [""]
   resources: [services]
