@@ -437,8 +437,11 @@ class RolloutDriver:
             if give == 0:
                 await self.kube.delete_replicaset(namespace, old_name)
                 del replicasets[old_name]
-            elif give != _replicas(old) or _role(old) != role:
-                patch = {"metadata": {"labels": {LABEL_ROLE: role}}, "spec": {"replicas": give}}
+            elif give != _replicas(old) or _role(old) != role or _scale_down_at(old):
+                patch = {
+                    "metadata": {"labels": {LABEL_ROLE: role}, "annotations": {ANNOTATION_SCALE_DOWN_AT: None}},
+                    "spec": {"replicas": give},
+                }
                 replicasets[old_name] = await self.kube.patch_replicaset(namespace, old_name, patch)
 
     async def _route(self, namespace: str, spec: ModelRolloutSpec, pointer: Mapping[str, Any]) -> None:
