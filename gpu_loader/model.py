@@ -20,9 +20,43 @@ from torch import nn
 
 from gpu_loader.errors import TensorMismatchError
 
-__all__ = ["LlamaConfig", "LlamaForCausalLM", "build_model", "column_parallel"]
+__all__ = ["LlamaConfig", "LlamaForCausalLM", "build_model", "column_parallel", "runs"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+#: config.json fields whose values change the computation, and the value this implementation assumes.
+_ASSUMED: dict[str, Any] = {
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rope_scaling": None,
+    "pretraining_tp": 1,
+}
+
+
+def runs(doc: dict[str, Any]) -> bool:
+    """Whether this implementation computes exactly what ``transformers`` would for ``doc``.
+
+    The untied, plain-RoPE Llama that ``gpu_loader.modelgen`` writes, and real checkpoints of that
+    exact shape. Serving them here skips importing ``transformers`` (seconds at start-up); every
+    other configuration goes through ``gpu_loader.hf``.
+    """
+    if doc.get("model_type") != "llama" or doc.get("torch_dtype", doc.get("dtype", "bfloat16")) not in _DTYPES:
+        return False
+    if any(doc.get(key, value) != value for key, value in _ASSUMED.items()):
+        return False
+    rope = doc.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("rope_type", "default") != "default":
+        return False
+    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    if not all(isinstance(doc.get(key), int) for key in (*required, "num_key_value_heads")):
+        return False
+    hidden, heads = doc.get("hidden_size"), doc.get("num_attention_heads")
+    if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
+        return False
+    return bool(doc.get("head_dim", hidden // heads) == hidden // heads)
 
 
 @dataclass(frozen=True)
@@ -52,15 +86,20 @@ class LlamaConfig:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> LlamaConfig:
-        """Parse an HF ``config.json``; refuses models this reference implementation cannot run."""
+        """Parse an HF ``config.json`` this implementation runs (see ``runs``); others are refused."""
         doc: dict[str, Any] = json.loads(raw)
-        if doc.get("model_type") != "llama" or doc.get("tie_word_embeddings", False):
+        if not runs(doc):
             raise TensorMismatchError(
                 f"config.json describes model_type={doc.get('model_type')!r} "
-                f"(tie_word_embeddings={doc.get('tie_word_embeddings', False)}); "
-                "the reference server runs untied Llama models only"
+                f"(tie_word_embeddings={doc.get('tie_word_embeddings', False)}), which the built-in Llama "
+                "does not compute exactly; build it with gpu_loader.hf.build_model (transformers) instead"
             )
         fields = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        if "torch_dtype" not in doc and "dtype" in doc:  # transformers 5's name for it
+            fields["torch_dtype"] = doc["dtype"]
+        rope = doc.get("rope_parameters")
+        if isinstance(rope, dict) and "rope_theta" in rope:  # transformers 5 writes it there
+            fields.setdefault("rope_theta", rope["rope_theta"])
         config = cls(**fields)
         if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:
             raise TensorMismatchError("config.json: heads must divide hidden_size and kv heads must divide heads")

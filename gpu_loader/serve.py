@@ -24,8 +24,11 @@ clean stop), so the agent never evicts a version while this server serves it.
 
 HTTP:
 
+``POST /v1/completions``  OpenAI-style greedy completions (causal LMs; ``api`` has the fields).
+``POST /v1/embeddings``   OpenAI-style embeddings (embedding and encoder models).
 ``POST /v1/generate``  ``{"input_ids": [[int, ...], ...], "max_new_tokens": 1}`` ->
-    ``{"digest", "epoch", "output_ids"}`` (greedy); 503 until a version is ready.
+    ``{"digest", "epoch", "output_ids"}`` (greedy, causal LMs); 503 until a version is ready.
+    Every answer from a model carries ``X-Weightship-Digest``: the version that computed it.
 ``GET /v1/status``     what is served, load statistics and validation checks.
 ``GET /healthz``       the process is up.  ``GET /readyz``  200 only while a validated version serves.
 ``GET /metrics``       Prometheus metrics (``metrics.ServeMetrics``).
@@ -52,16 +55,19 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from aiohttp import web
 
+from gpu_loader import api
 from gpu_loader.agent_api import LocalAgent, validation_report
+from gpu_loader.inference import complete, decode, embed, encode
 from gpu_loader.loader import Loader, LoadOptions, VerifyMode
 from gpu_loader.metrics import ServeMetrics, VersionTallies
 from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens, prepare
@@ -107,8 +113,9 @@ def _problem(request: web.Request, status: int, code: str, detail: str) -> web.R
     return web.Response(text=body, status=status, content_type=PROBLEM_MEDIA_TYPE)
 
 
-class _BadRequest(Exception):
-    pass
+_BadRequest = api.BadRequest
+_Body = TypeVar("_Body")
+DIGEST_HEADER = "X-Weightship-Digest"
 
 
 class Server:
@@ -139,6 +146,8 @@ class Server:
         """The aiohttp application."""
         app = web.Application(client_max_size=4 * 1024 * 1024)
         app.router.add_post("/v1/generate", self._generate)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/status", self._status)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -148,29 +157,54 @@ class Server:
     # --- HTTP handlers -------------------------------------------------------------------------
 
     async def _generate(self, request: web.Request) -> web.Response:
+        return await self._answer(request, _parse_generate, _run_generate, task="causal-lm")
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        return await self._answer(request, api.parse_completion, _run_completion, task="causal-lm")
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        return await self._answer(request, api.parse_embedding, _run_embedding, task="embedding")
+
+    async def _answer(
+        self,
+        request: web.Request,
+        parse: Callable[[bytes], _Body],
+        compute: Callable[[ServedModel, _Body], dict[str, Any]],
+        *,
+        task: str,
+    ) -> web.Response:
+        """Parse, check the task, compute in an inference thread; count the answer for its version."""
         started = time.perf_counter()
         code = 200
         answered_by: str | None = None
         try:
-            prompts, new_tokens = _parse_generate(await request.read())
+            parsed = parse(await request.read())
             served = self.slot.acquire()
             if served is None:
                 code = 503
                 return _problem(request, 503, "not_ready", "no validated version is loaded yet; see /readyz")
             answered_by = served.digest
             try:
-                _check_vocab(served, prompts, new_tokens)
+                if served.card.task != task:
+                    route = "/v1/completions" if served.card.task == "causal-lm" else "/v1/embeddings"
+                    raise _BadRequest(
+                        f"{request.path} needs a {task} model, but {served.card.name} ({served.digest}) is "
+                        f"{served.card.architecture}, a {served.card.task} model: use {route}"
+                    )
                 self.metrics.queue_depth.inc()
                 with self._waiting_lock:
                     self._waiting += 1
                 loop = asyncio.get_running_loop()
-                output = await loop.run_in_executor(self._infer, self._compute, served, prompts, new_tokens)
+                body = await loop.run_in_executor(self._infer, self._compute, served, partial(compute, served, parsed))
             finally:
                 self.slot.release(served)
-            return web.json_response({"digest": served.digest, "epoch": served.epoch, "output_ids": output})
+            return web.json_response(body, headers={DIGEST_HEADER: served.digest})
         except _BadRequest as exc:
             code = 400
-            return _problem(request, 400, "invalid_request", str(exc))
+            response = _problem(request, 400, "invalid_request", str(exc))
+            if answered_by is not None:
+                response.headers[DIGEST_HEADER] = answered_by
+            return response
         except Exception as exc:
             code = 500
             self.metrics.errors.inc()
@@ -183,14 +217,14 @@ class Server:
             if answered_by is not None:
                 self.tallies.request(answered_by, failed=code >= 500, seconds=seconds)
 
-    def _compute(self, served: ServedModel, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    def _compute(self, served: ServedModel, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         self.metrics.queue_depth.dec()
         with self._waiting_lock:  # a worker thread, while the event loop adds
             self._waiting -= 1
         self.metrics.inflight.inc()
         try:
             assert served.model is not None, "a model in use is never dropped"
-            return generate_tokens(served.model, prompts, new_tokens)
+            return compute()
         finally:
             self.metrics.inflight.dec()
 
@@ -207,6 +241,7 @@ class Server:
             body["serving"] = {
                 "digest": served.digest,
                 "epoch": served.epoch,
+                "model": served.card.to_json(),
                 "directory": str(served.directory),
                 "load": {
                     "seconds": served.stats.seconds,
@@ -490,13 +525,60 @@ def _parse_generate(raw: bytes) -> tuple[list[list[int]], int]:
     return ids, new_tokens
 
 
-def _check_vocab(served: ServedModel, prompts: list[list[int]], new_tokens: int) -> None:
+def _run_generate(served: ServedModel, request: tuple[list[list[int]], int]) -> dict[str, Any]:
+    prompts, new_tokens = request
     assert served.model is not None
-    config = served.model.config
-    if any(not 0 <= t < config.vocab_size for p in prompts for t in p):
-        raise _BadRequest(f"token ids must be in [0, {config.vocab_size})")
-    if len(prompts[0]) + new_tokens > config.max_position_embeddings:
-        raise _BadRequest(f"prompt plus new tokens exceed {config.max_position_embeddings} positions")
+    _check_vocab(served, prompts, new_tokens)
+    output = generate_tokens(served.model.logits_module, prompts, new_tokens)
+    return {"digest": served.digest, "epoch": served.epoch, "output_ids": output}
+
+
+def _run_completion(served: ServedModel, request: api.CompletionRequest) -> dict[str, Any]:
+    built = served.model
+    assert built is not None
+    prompts = request.token_ids
+    if prompts is None:
+        prompts = encode(built, _texts(served, request.texts), for_embedding=False)
+    _check_vocab(served, prompts, request.max_tokens)
+    done = complete(built, prompts, request.max_tokens)
+    text = built.tokenizer is not None
+    choices = [(c.token_ids, decode(built, c.token_ids) if text else None, c.finish_reason) for c in done]
+    return api.completion_body(
+        model=served.card.name, digest=served.digest, epoch=served.epoch, prompt_tokens=prompts, choices=choices
+    )
+
+
+def _run_embedding(served: ServedModel, request: api.EmbeddingRequest) -> dict[str, Any]:
+    built = served.model
+    assert built is not None
+    inputs = request.token_ids
+    if inputs is None:
+        inputs = encode(built, _texts(served, request.texts), for_embedding=True)
+    _check_vocab(served, inputs, 0)
+    vectors: list[list[float]] = embed(built, inputs).tolist()
+    return api.embedding_body(
+        model=served.card.name, digest=served.digest, epoch=served.epoch, prompt_tokens=inputs, vectors=vectors
+    )
+
+
+def _check_vocab(served: ServedModel, prompts: list[list[int]], new_tokens: int) -> None:
+    card = served.card
+    if card.vocab_size and any(not 0 <= t < card.vocab_size for p in prompts for t in p):
+        raise _BadRequest(f"token ids must be in [0, {card.vocab_size})")
+    longest = max(len(p) for p in prompts)
+    if card.max_positions is not None and longest + new_tokens > card.max_positions:
+        raise _BadRequest(f"prompt plus new tokens exceed {card.max_positions} positions")
+
+
+def _texts(served: ServedModel, texts: list[str] | None) -> list[str]:
+    """Text inputs, refused with a clear 400 when the version ships no tokenizer."""
+    assert texts is not None
+    if not served.card.has_tokenizer:
+        raise _BadRequest(
+            f"{served.card.name} ({served.digest}) ships no tokenizer: send token ids instead of text, "
+            "or publish the version with its tokenizer files (tokenizer.json)"
+        )
+    return texts
 
 
 async def _run(config: ServeConfig) -> int:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
+from gpu_loader.hf import BuiltModel, ModelCard, build_model, load_model
+from gpu_loader.inference import generate_tokens
 from gpu_loader.loader import Loader, LoadStats, VerifyMode
-from gpu_loader.model import LlamaConfig, LlamaForCausalLM, build_model
 from gpu_loader.validation import ValidationOutcome, validate
 from gpu_loader.version import open_version
 from weightship.errors import WeightshipError
@@ -34,7 +35,9 @@ class ServedModel:
     digest: str
     epoch: int
     directory: Path
-    model: LlamaForCausalLM | None
+    #: the loaded model; ``None`` once retired and drained
+    model: BuiltModel | None
+    card: ModelCard
     stats: LoadStats
     outcome: ValidationOutcome
     refs: int = 0
@@ -112,29 +115,17 @@ def prepare(
     try:
         version = open_version(directory, digest=digest)
         label = version.digest
-        config = LlamaConfig.from_json(version.read_file("config.json"))
-        model = build_model(config, dtype=dtype)
-        stats = loader.load_into(
-            model, directory, manifest=version.manifest, device=device, dtype=dtype, verify=verify
-        ).stats
-        outcome = validate(model, version)
+        built = build_model(version, dtype)
+        stats = load_model(loader, built, version, device=device, dtype=dtype, verify=verify)
+        runner = built.logits_module if built.card.task == "causal-lm" else None
+        outcome = validate(built.module, version, runner=runner)
     except WeightshipError as exc:
         event(_log, "serve.load_failed", logging.WARNING, digest=label, error=exc.message)
         return Prepared(label, None, stats, None, f"{type(exc).__name__}: {exc.message}")
+    except Exception as exc:  # transformers or torch failing on a model: refuse the version, keep serving
+        event(_log, "serve.load_failed", logging.WARNING, digest=label, error=repr(exc))
+        return Prepared(label, None, stats, None, f"{type(exc).__name__}: {exc}")
     if not outcome.passed:
         return Prepared(label, None, stats, outcome, None)
-    served = ServedModel(label, epoch, Path(directory), model, stats, outcome)
+    served = ServedModel(label, epoch, Path(directory), built, built.card, stats, outcome)
     return Prepared(label, served, stats, outcome, None)
-
-
-def generate_tokens(model: LlamaForCausalLM, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuation of each prompt by ``max_new_tokens`` tokens."""
-    device = next(model.parameters()).device
-    with torch.inference_mode():
-        ids = torch.tensor(prompts, dtype=torch.long, device=device)
-        start = ids.shape[1]
-        for _ in range(max_new_tokens):
-            next_ids = model(ids)[:, -1].argmax(-1, keepdim=True)
-            ids = torch.cat([ids, next_ids], dim=1)
-        out: list[list[int]] = ids[:, start:].tolist()
-    return out
