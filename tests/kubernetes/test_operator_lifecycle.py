@@ -250,6 +250,36 @@ async def test_editing_the_pod_template_rolls_the_pods_to_a_new_replicaset_of_th
     assert peak == 5, asked
 
 
+async def test_a_template_edit_during_a_paused_canary_rolls_both_versions_and_keeps_the_step(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], pods: Pods
+) -> None:
+    _, digests = controlplane
+    operators.start("op-a")
+    await apply(kmock_server, rollout("v1", []))
+    await deployed(kmock_server, digests["v1"])
+    steps: list[Any] = [{"setWeight": 25}, {"pause": {}}]
+    await apply(kmock_server, rollout("v2", steps))
+    await eventually_async(lambda: status(kmock_server).get("phase") == "Paused", WAIT, "the paused canary")
+    before = {d: sets_of(kmock_server, digests[d]) for d in ("v1", "v2")}
+    paused = status(kmock_server)["engine"]
+
+    edited = rollout("v2", steps)
+    edited["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "MAX_BATCH", "value": "8"}]
+    await apply(kmock_server, edited)
+
+    def rolled() -> bool:
+        now = {d: sets_of(kmock_server, digests[d]) for d in ("v1", "v2")}
+        return all(len(now[d]) == 1 and set(now[d]).isdisjoint(before[d]) for d in now)
+
+    await eventually_async(rolled, WAIT, "one new ReplicaSet per version, the old ones gone")
+    (v1,) = sets_of(kmock_server, digests["v1"]).values()
+    (v2,) = sets_of(kmock_server, digests["v2"]).values()
+    assert (v1["role"], v1["replicas"], v2["role"], v2["replicas"]) == ("stable", 3, "canary", 1)  # still 25 %
+    now = status(kmock_server)
+    assert (now["phase"], now["weight"], now["step"]) == ("Paused", 25, "2/2")
+    assert (now["engine"]["stepIndex"], now["engine"]["stepEnteredAt"]) == (paused["stepIndex"], paused["stepEnteredAt"])
+
+
 async def test_a_replica_count_change_rescales_and_the_scale_subresource_reads_pods_and_selector(
     kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]], pods: Pods
 ) -> None:
