@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 __all__ = ["Action", "MeasureMetric", "SetPointer", "StageVersion"]
@@ -38,13 +39,19 @@ class StageVersion:
 
 @dataclass(frozen=True)
 class MeasureMetric:
-    """Take measurement ``index`` of ``metric`` for analysis run ``run_id`` and report it back."""
+    """Take measurement ``index`` of ``metric`` for analysis run ``run_id`` and report it back.
+
+    ``step_started_at`` is when the analysis step began (the canary was serving at its weight by
+    then): a provider windows its query to it (``{{window}}`` in PromQL), so what happened before
+    the step, such as errors while the canary was still loading, never counts against it.
+    """
 
     run_id: str
     metric: str
     index: int
     provider_kind: str
     provider: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    step_started_at: datetime | None = field(default=None, compare=False)
 
 
 Action = SetPointer | StageVersion | MeasureMetric

@@ -177,7 +177,11 @@ def _judge_analysis(
         due = metric_run.next_due(metric, run.started_at)
         if due is not None and now >= due:
             index = len(metric_run.measurements)
-            wanted.append(MeasureMetric(run.run_id, metric.name, index, metric.provider_kind, metric.provider))
+            wanted.append(
+                MeasureMetric(
+                    run.run_id, metric.name, index, metric.provider_kind, metric.provider, step_started_at=run.started_at
+                )
+            )
     return StepOutcome(False, status, tuple(wanted), message)
 
 

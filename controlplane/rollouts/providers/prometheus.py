@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
+
+import httpx
 
 from controlplane.rollouts.actions import MeasureMetric
 from controlplane.rollouts.providers.base import MeasurementError, RolloutContext
@@ -43,12 +46,16 @@ from controlplane.rollouts.providers.endpoint import (
     parse_url,
     raise_for_status,
 )
-from controlplane.rollouts.providers.promql import QueryTemplate, parse_query
+from controlplane.rollouts.providers.promql import QueryTemplate, duration, parse_query
 from weightship.logs import event
 
 __all__ = ["MAX_SERIES", "PrometheusProvider", "PrometheusSettings"]
 
 _log = logging.getLogger("controlplane.rollouts.providers.prometheus")
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
 
 #: Every measurement's value is kept in the rollout's status; a metric is a few aggregated series.
 MAX_SERIES = 100
@@ -76,6 +83,17 @@ class PrometheusProvider(HTTPProvider):
     fields = frozenset({"address", "query", "timeout", "headers"})
     required = ("address", "query")
 
+    def __init__(
+        self,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        super().__init__(transport=transport, environ=environ)
+        #: the wall clock ``{{window}}`` is measured on: Prometheus answers as of its own now
+        self._clock = clock
+
     def parse(self, raw: Mapping[str, Any], where: str) -> PrometheusSettings:
         """Check the settings; errors name ``where.<field>``."""
         settings = self._checked(raw, where)
@@ -89,14 +107,17 @@ class PrometheusProvider(HTTPProvider):
     async def measure(self, action: MeasureMetric, context: RolloutContext) -> list[float]:
         """Run the metric's query for this rollout; see the module docstring for what comes back."""
         settings = self.parse(action.provider, f"metric {action.metric!r}: provider.prometheus")
-        query = settings.query.render(
-            {
-                "canary": context.canary,
-                "stable": context.stable,
-                "deployment": context.deployment,
-                "rollout": context.rollout,
-            }
-        )
+        values = {
+            "canary": context.canary,
+            "stable": context.stable,
+            "deployment": context.deployment,
+            "rollout": context.rollout,
+            "window": None,
+        }
+        if action.step_started_at is not None:
+            # Prometheus evaluates at its own "now": the window runs from the step's start to then.
+            values["window"] = duration((self._clock() - action.step_started_at).total_seconds())
+        query = settings.query.render(values)
         # Prometheus stops evaluating at its own timeout, a little before ours gives up on it.
         server_timeout_ms = max(int(settings.timeout_seconds * 900), 100)
         what = f"Prometheus at {settings.address}"

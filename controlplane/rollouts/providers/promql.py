@@ -5,11 +5,18 @@ accepted too)::
 
     sum(rate(weightship_serve_requests_total{code!="200", digest="{{canary}}"}[1m]))
 
-Placeholders: ``{{canary}}``, ``{{stable}}`` (version digests), ``{{deployment}}``, ``{{rollout}}``.
+Placeholders: ``{{canary}}``, ``{{stable}}`` (version digests), ``{{deployment}}``, ``{{rollout}}``,
+and ``{{window}}``: the time since the analysis step began, as a PromQL duration in whole seconds
+(``93s``, at least ``1s``), for range selectors such as ``increase(x[{{window}}])``, so a query
+counts only what happened while the step ran::
 
-Safety by construction: a placeholder is allowed **only inside a quoted string** (a label value),
-which :func:`parse_query` checks with a small PromQL lexer when the spec is read. A placeholder
-elsewhere is refused, because text pasted into the query's syntax could change what it measures.
+    sum(increase(weightship_serve_requests_total{code=~"5.."}[{{window}}]))
+
+Safety by construction: a text placeholder is allowed **only inside a quoted string** (a label
+value), which :func:`parse_query` checks with a small PromQL lexer when the spec is read. A text
+placeholder elsewhere is refused, because text pasted into the query's syntax could change what it
+measures. ``{{window}}`` is the one placeholder allowed outside strings (and only there): its value
+is computed here, never supplied by a user, and checked to be a duration before it is written.
 When rendered, each value is escaped for the string it sits in (backslash and the quote character;
 control characters are refused), and inside the string of a regex matcher (``=~``/``!~``) it is
 also regex-escaped, so a deployment named ``chat.v2`` matches only itself, never ``chatxv2``.
@@ -18,16 +25,21 @@ Placeholders in raw (backtick) strings and comments are refused: neither can esc
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controlplane.rollouts.providers.base import MeasurementError, ProviderSpecError
 
-__all__ = ["MAX_QUERY_CHARS", "PLACEHOLDERS", "QueryTemplate", "parse_query"]
+__all__ = ["DURATION_PLACEHOLDERS", "MAX_QUERY_CHARS", "PLACEHOLDERS", "QueryTemplate", "duration", "parse_query"]
 
 MAX_QUERY_CHARS = 16 * 1024
+#: placeholders for text, allowed inside quoted label values only
 PLACEHOLDERS = ("canary", "stable", "deployment", "rollout")
+#: placeholders for durations, allowed outside strings only (range selectors, offsets)
+DURATION_PLACEHOLDERS = ("window",)
+_DURATION = re.compile(r"^[0-9]{1,12}s$")
 _PLACEHOLDER = re.compile(r"\{\{\s*(?:args\.)?([A-Za-z_][A-Za-z0-9_-]*)\s*\}\}")
 #: RE2 metacharacters (Prometheus matches label regexes with Go's RE2).
 _RE2_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
@@ -62,6 +74,16 @@ class QueryTemplate:
                 out.append(part)
                 continue
             value = values.get(part.name)
+            if part.quote == "":
+                if value is None:
+                    raise MeasurementError(
+                        f"the query uses {{{{{part.name}}}}} but this measurement belongs to no analysis step; "
+                        "only an analysis step's measurements have a window"
+                    )
+                if not _DURATION.match(value):
+                    raise MeasurementError(f"{{{{{part.name}}}}} must be a duration such as 90s, got {value!r}")
+                out.append(value)
+                continue
             if value is None:
                 raise MeasurementError(
                     f"the query uses {{{{{part.name}}}}} but this rollout has no {part.name} version; "
@@ -109,6 +131,11 @@ def parse_query(text: object, where: str) -> QueryTemplate:
             i = end
             continue
         if (stray := _PLACEHOLDER.match(text, i)) is not None:
+            if stray.group(1) in DURATION_PLACEHOLDERS:
+                parts.append(text[literal_start:i])
+                parts.append(_Slot(stray.group(1), "", False))
+                literal_start = i = stray.end()
+                continue
             raise ProviderSpecError(
                 f"{where}: {stray.group(0)} at column {i + 1} is outside a quoted label value; placeholders "
                 f'are only allowed inside quotes, e.g. {{digest="{stray.group(0)}"}}'
@@ -142,9 +169,19 @@ def _after_regex_matcher(text: str, position: int) -> bool:
     return j >= 1 and text[j] == "~" and text[j - 1] in "=!"
 
 
+def duration(seconds: float) -> str:
+    """A PromQL duration of at least one second covering ``seconds``: ``93s``."""
+    return f"{max(1, math.ceil(seconds))}s"
+
+
 def _check_name(match: re.Match[str], where: str) -> None:
+    if match.group(1) in DURATION_PLACEHOLDERS:
+        raise ProviderSpecError(
+            f"{where}: {match.group(0)} is a duration; use it outside quotes, in a range selector: "
+            f"increase(x[{match.group(0)}])"
+        )
     if match.group(1) not in PLACEHOLDERS:
         raise ProviderSpecError(
             f"{where}: unknown placeholder {match.group(0)}; available: "
-            + ", ".join(f"{{{{{name}}}}}" for name in PLACEHOLDERS)
+            + ", ".join(f"{{{{{name}}}}}" for name in (*PLACEHOLDERS, *DURATION_PLACEHOLDERS))
         )
