@@ -113,6 +113,7 @@ class Agent:
         self.pins = Pins(self.store.state_dir / "pins.json")
         self._refollow = asyncio.Event()
         self._followed: tuple[str, ...] = ()
+        self._pin_view: object = None
         self.controlplane = controlplane or ControlPlaneClient(config.control_plane, config.token)
         self.node_id: str | None = None
         self.local_api_url = ""
@@ -300,7 +301,10 @@ class Agent:
 
     def _pinned(self) -> None:
         """A local server asked for a version, leased one or released it (or a pin lapsed)."""
-        self.reconciler.wake()
+        view = (self.pins.digests(), self.pins.asked())
+        if view != self._pin_view:  # a renewal changes nothing the reconciler acts on
+            self._pin_view = view
+            self.reconciler.wake()
         if self.followed() != self._followed:
             self._refollow.set()
         data = self.pins.to_save()
