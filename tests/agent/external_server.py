@@ -9,7 +9,9 @@ of its tensors: what a test compares with the version it expects. A version hold
 anywhere answers every request with 500, as a server running broken weights errors. It loads
 again when told, as a switch hook tells it: ``SIGHUP``, or ``POST /reload`` (the ``http`` hook's
 JSON; it answers 409 when the hook's ``digest`` is not what the path holds, so a test sees a hook
-called before the link moved). ``GET /reloads`` lists the hook bodies it received.
+called before the link moved). ``GET /reloads`` lists the hook bodies it received. ``--latency``
+makes every request take that long (a slow canary). A path with no weights behind it is a server
+that refused its version: it answers 503 and exports no metrics.
 
 ``/metrics`` carries the real servers' metric names:
 
@@ -107,6 +109,7 @@ class Server:
         self.counts = Counts()
         self.reloads: list[dict[str, object]] = []
         self.running = 0
+        self.latency: float = args.latency
 
     def reload(self) -> Loaded | None:
         """Load the weights the path holds now (nothing yet is not an error: the agent has not switched)."""
@@ -128,6 +131,8 @@ class Server:
         self.running += 1
         try:
             await request.read()
+            if self.latency:
+                await asyncio.sleep(self.latency)
             if self.loaded is None:
                 return web.json_response({"error": "no model loaded"}, status=503)
             if self.loaded.broken:
@@ -162,12 +167,12 @@ class Server:
         return web.Response(status=200 if self.loaded is not None else 503)
 
     async def metrics(self, _request: web.Request) -> web.Response:
+        if self.loaded is None:  # a server that could not load its model exports nothing
+            return web.Response(status=503, text="no model loaded")
         text = self._tgi() if self.flavour == "tgi" else self._vllm()
         return web.Response(text=text, content_type="text/plain")
 
     def _vllm(self) -> str:
-        if self.loaded is None:
-            return ""
         labels = f'model_name="{self.model_name()}",engine="0"'
         c = self.counts
         lines = [
@@ -264,6 +269,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--pidfile", default="")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each request takes (a slow canary)")
     return parser.parse_args(argv)
 
 

@@ -1,38 +1,46 @@
-"""docs/model-servers.md's analysis templates, run in real rollouts against stand-in vLLM and TGI servers.
+"""docs/model-servers.md's analysis templates, against stand-in vLLM and TGI servers and a real Prometheus.
 
-Real processes: the control plane (its rollout driver ticking), two agents whose switch hooks
-reload a stand-in server each (``tests.agent.external_server``: vLLM names through an HTTP hook,
-TGI names through a command hook that also rewrites the instance's file_sd entry with the
-digest, as the doc's TGI recipe does), and a real Prometheus scraping the stand-ins every second.
-The metrics are the doc's own, read from its marked YAML blocks; only the Prometheus address and
-the timing (seconds instead of minutes) are the test's. A healthy canary is promoted; a canary
-whose weights make every request fail is rolled back, and its server then serves the stable
-version again.
+The metrics are the doc's own, read from its marked YAML blocks (``tests.prometheus_examples``).
+
+- Real rollouts: the control plane (its rollout driver ticking), two agents whose switch hooks
+  reload a stand-in server each (``tests.agent.external_server``: vLLM names through an HTTP hook,
+  TGI names through a command hook that also rewrites the instance's file_sd entry with the
+  digest, as the doc's TGI recipe does). Only the Prometheus address and the timing (seconds
+  instead of minutes) are the test's. A healthy canary is promoted; a canary whose weights make
+  every request fail is rolled back, and its server then serves the stable version again.
+- Pinned servers (one version each, as a Kubernetes pod): the metrics exactly as written, judged by
+  the real engine and Prometheus provider, pass a healthy canary and fail a refusing, an erroring
+  and a slow one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-import yaml
 from safetensors.numpy import save_file
 
 from controlplane.fleet import in_canary
+from controlplane.rollouts.analysis import AnalysisPhase
 from tests.agent.agent_processes import REPO, AgentProcess, eventually
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.agent.external_server import ExternalServerProcess, load
-from tests.controlplane.rollouts.providers.conftest import Prometheus, prometheus  # noqa: F401 - the fixture
+from tests.prometheus_examples import (
+    Prometheus,
+    doc_metrics,
+    doc_prometheus,  # noqa: F401 - the fixture
+    judge,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -41,20 +49,16 @@ NODES = ("node-0", "node-1")
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
-def doc_templates() -> dict[str, list[dict[str, Any]]]:
-    """The YAML blocks marked ``<!-- analysis-template: NAME -->`` in docs/model-servers.md, by name."""
-    text = DOC.read_text(encoding="utf-8")
-    found = re.findall(r"<!-- analysis-template: (\w+) -->\n```yaml\n(.*?)```", text, flags=re.DOTALL)
-    return {name: yaml.safe_load(body) for name, body in found}
+TEMPLATES = {flavour: doc_metrics(DOC, flavour) for flavour in ("vllm", "tgi")}
 
 
 def test_the_doc_holds_a_vllm_and_a_tgi_template_that_fail_a_silent_canary() -> None:
-    templates = doc_templates()
-    assert set(templates) == {"vllm", "tgi"}
-    for metrics in templates.values():
+    for metrics in TEMPLATES.values():
+        assert [m["name"] for m in metrics] == ["error-rate", "p99-latency"]
         for metric in metrics:
             assert metric["noData"] == "failed"
             assert "{{canary}}" in metric["provider"]["prometheus"]["query"]
+            assert "[{{window}}]" in metric["provider"]["prometheus"]["query"]
 
 
 def for_test(metrics: list[dict[str, Any]], server: Prometheus) -> list[dict[str, Any]]:
@@ -94,29 +98,29 @@ def measured(rollout: dict[str, Any]) -> dict[str, list[float]]:
 
 
 class Traffic:
-    """Requests to every server, back to back, on a thread, until stopped (answers are not checked)."""
+    """Requests to each server back to back, one thread per server, until stopped (answers are not checked)."""
 
     def __init__(self, servers: list[ExternalServerProcess]) -> None:
-        self.servers = servers
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(s,), daemon=True) for s in servers]
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=5) as http:
+    def _run(self, server: ExternalServerProcess) -> None:
+        route = "/generate" if server.flavour == "tgi" else "/v1/completions"
+        with httpx.Client(timeout=30) as http:
             while not self._stop.is_set():
-                for server in self.servers:
-                    route = "/generate" if server.flavour == "tgi" else "/v1/completions"
-                    with contextlib.suppress(httpx.HTTPError):
-                        http.post(server.url + route, json={"prompt": "hi", "inputs": "hi"})
+                with contextlib.suppress(httpx.HTTPError):
+                    http.post(server.url + route, json={"prompt": "hi", "inputs": "hi"})
                 self._stop.wait(0.02)
 
     def __enter__(self) -> Traffic:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
 
 def tgi_hook(script: Path, server: ExternalServerProcess, target_file: Path, label: str) -> str:
@@ -140,7 +144,7 @@ def rollout_tick(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def target_files(prometheus: Prometheus) -> Iterator[list[Path]]:  # noqa: F811 - the imported fixture
+def target_files() -> Iterator[list[Path]]:
     """file_sd files this test writes (or its hooks write); removed at the end."""
     files: list[Path] = []
     yield files
@@ -154,10 +158,11 @@ async def test_the_docs_analysis_promotes_a_healthy_canary_and_rolls_back_an_err
     flavour: str,
     tmp_path: Path,
     make_model: Callable[..., Path],
-    prometheus: Prometheus,  # noqa: F811 - the imported fixture
+    doc_prometheus: Prometheus,  # noqa: F811 - the imported fixture
     target_files: list[Path],
 ) -> None:
-    metrics = for_test(doc_templates()[flavour], prometheus)
+    prometheus = doc_prometheus
+    metrics = for_test(TEMPLATES[flavour], prometheus)
     label = f"model-servers-{flavour}-{uuid.uuid4().hex[:8]}"
     deployment = split_deployment_name(f"chat-{flavour}")
     prometheus.targets.mkdir(parents=True, exist_ok=True)
@@ -249,3 +254,79 @@ async def test_the_docs_analysis_promotes_a_healthy_canary_and_rolls_back_an_err
         for server in servers:
             server.stop()
         controlplane.stop()
+
+
+#: the pinned canaries of the judge test: extra stand-in flags, and the metrics expected to fail
+CANARIES: dict[str, tuple[list[str], set[str]]] = {
+    "healthy": ([], set()),
+    "erroring": ([], {"error-rate", "p99-latency"}),  # every request fails: no latency to measure, no data
+    "slow": (["--latency", "3"], {"p99-latency"}),
+    "refusing": ([], {"error-rate", "p99-latency"}),
+}
+
+
+def pinned_version(root: Path, kind: str, make_model: Callable[..., Path]) -> Path:
+    """A version directory named by a digest's hex, as the agent lays them out: ``versions/<hex>``."""
+    directory = root / "versions" / (uuid.uuid4().hex * 2)
+    if kind == "erroring":
+        return broken_model(directory)
+    directory.mkdir(parents=True)
+    if kind != "refusing":  # a refusing server finds no weights it will load
+        source = make_model(f"model-{kind}", tensors_mb=0.05, seed=len(kind))
+        for file in source.iterdir():
+            (directory / file.name).write_bytes(file.read_bytes())
+    return directory
+
+
+@pytest.mark.parametrize("flavour", ["vllm", "tgi"])
+async def test_the_docs_analysis_fails_a_refusing_an_erroring_and_a_slow_canary_and_passes_a_healthy_one(
+    flavour: str,
+    tmp_path: Path,
+    make_model: Callable[..., Path],
+    doc_prometheus: Prometheus,  # noqa: F811 - the imported fixture
+    target_files: list[Path],
+) -> None:
+    """Pinned servers (one version each, as in a Kubernetes pod), judged by the doc's metrics as they stand."""
+    metrics = TEMPLATES[flavour]
+    label = f"pinned-{flavour}-{uuid.uuid4().hex[:8]}"
+    servers: dict[str, ExternalServerProcess] = {}
+    digests: dict[str, str] = {}
+    try:
+        for kind, (flags, _failing) in CANARIES.items():
+            version = pinned_version(tmp_path, kind, make_model)
+            digests[kind] = f"sha256:{version.name}"
+            extra = [*flags, "--served-model-name-is-digest", "--served-model-name", "chat"] if flavour == "vllm" else flags
+            servers[kind] = ExternalServerProcess(tmp_path / kind, version, *extra, flavour=flavour).start()
+            # As the doc's PodMonitor does for a pinned pod: the digest from its annotation, on every series.
+            target = doc_prometheus.targets / f"{label}-{kind}.json"
+            target_files.append(target)
+            labels = {"test": label, "digest": digests[kind]}
+            target.write_text(json.dumps([{"targets": [f"127.0.0.1:{servers[kind].port}"], "labels": labels}]))
+
+        def scraped() -> bool:  # every server but the refusing one, which exports nothing
+            return len(doc_prometheus.query(f'up{{test="{label}"}} == 1')) == len(CANARIES) - 1
+
+        await eventually(scraped, 60, "Prometheus to scrape the servers")
+        step_started_at = datetime.now(UTC)
+        with Traffic(list(servers.values())):
+            slow = "tgi_request_duration_count" if flavour == "tgi" else "vllm:e2e_request_latency_seconds_count"
+
+            def slow_answers_seen() -> bool:  # two scrapes of the slow server's answered requests
+                total = f'{slow}{{test="{label}", digest="{digests["slow"]}"}}'
+                if flavour == "vllm":
+                    total = f'{slow}{{test="{label}", model_name="{digests["slow"]}"}}'
+                return len(doc_prometheus.query(f"count_over_time(({total} > 0)[30s:1s]) >= 2")) == 1
+
+            await eventually(slow_answers_seen, 60, "Prometheus to see the slow server answer")
+        for kind, (_flags, failing) in CANARIES.items():
+            step = await judge(metrics, doc_prometheus, canary=digests[kind], step_started_at=step_started_at)
+            expected = AnalysisPhase.FAILED if failing else AnalysisPhase.SUCCESSFUL
+            assert step.phase is expected, (kind, step.message, step.values)
+            for metric in metrics:
+                alone = await judge([metric], doc_prometheus, canary=digests[kind], step_started_at=step_started_at)
+                expected = AnalysisPhase.FAILED if metric["name"] in failing else AnalysisPhase.SUCCESSFUL
+                assert alone.phase is expected, (kind, metric["name"], alone.message, alone.values)
+    finally:
+        for server in servers.values():
+            server.stop()
+
