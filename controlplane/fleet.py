@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Iterable
@@ -81,6 +82,7 @@ from weightship.schemas import (
 __all__ = [
     "RECHECK_SECONDS",
     "canary_bucket",
+    "canary_share_for",
     "desired_answer",
     "desired_deployment",
     "desired_state",
@@ -112,6 +114,25 @@ def canary_bucket(deployment: str, node: str) -> float:
 def in_canary(deployment: str, node: str, share: float) -> bool:
     """Whether ``node`` is in the canary subset of ``deployment`` at ``share``."""
     return share > 0 and canary_bucket(deployment, node) < share
+
+
+def canary_share_for(deployment: str, nodes: Iterable[str], weight: float) -> float:
+    """The pointer share that puts at least ``ceil(weight × len(nodes))`` of ``nodes`` in the canary.
+
+    ``weight`` is what a rollout step asks for (0.1 for ``setWeight: 10``). The subset stays the
+    hashed one (``bucket < share``): when fewer than the rounded-up count fall under ``weight``,
+    the share is raised just past the bucket of the node that completes the count (to 4 decimal
+    places), so a small fleet never gets a canary step that moves no node, and a larger weight
+    never selects fewer nodes than a smaller one did.
+    """
+    names = sorted(set(nodes))
+    if weight <= 0 or not names:
+        return weight
+    wanted = min(len(names), math.ceil(round(weight * len(names), 9)))
+    completing = sorted(canary_bucket(deployment, name) for name in names)[wanted - 1]
+    if completing < weight:
+        return weight
+    return min(1.0, (math.floor(completing * 10_000) + 1) / 10_000)
 
 
 def desired_deployment(row: DeploymentRow, node: str) -> DesiredDeployment:

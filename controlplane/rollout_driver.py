@@ -22,8 +22,10 @@ applied meanwhile is never lost (the driver reconciles again from what the verb 
 **Observations** come from the fleet's heartbeats (``controlplane.fleet.node_infos``): the target
 nodes are the registered, not stale ``node``-role nodes serving the deployment; ``staged_nodes``
 hold the canary ``ready`` (verified from bytes they hashed); ``canary_assigned`` are the target
-nodes in the pointer's hashed canary subset and ``canary_serving`` those of them that report
-serving the canary; ``stage_failures`` are the nodes whose fetch of the canary reports a problem
+nodes in the pointer's hashed canary subset and ``canary_serving`` those of them whose agent serves
+the canary and whose model servers loaded it (validation passed; a node whose model servers report
+nothing counts once its agent switched); ``canary_refused`` those whose model servers refused it
+(every load failed or failed validation), which aborts the rollout; ``stage_failures`` are the nodes whose fetch of the canary reports a problem
 (``node-3: disk_full: ...``). ``version_bytes`` is the version's size, and the fetch rate is the
 median per-node download rate this driver measured between heartbeats.
 
@@ -44,13 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import socket
 import statistics
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -58,7 +61,7 @@ from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.engine import CursorResult
 
 from controlplane.deployments import Pointer, change_pointer, notify_pointer_changed, pointer_action
-from controlplane.fleet import in_canary, node_infos
+from controlplane.fleet import canary_share_for, in_canary, node_infos
 from controlplane.notify import RESYNC
 from controlplane.persistence.db import DeploymentRow, RolloutRow, VersionRow, utcnow
 from controlplane.rollout_resources import ROLLOUTS
@@ -66,8 +69,9 @@ from controlplane.rollouts.actions import MeasureMetric, SetPointer
 from controlplane.rollouts.engine import Reconciliation, reconcile
 from controlplane.rollouts.observations import FleetObservation, MeasurementResult, Observations, PointerObservation
 from controlplane.rollouts.providers import ProviderRegistry, RolloutContext
-from controlplane.rollouts.spec import RolloutSpec, RolloutSpecError, parse_spec
+from controlplane.rollouts.spec import RolloutSpec, RolloutSpecError, SetWeightStep, parse_spec
 from controlplane.rollouts.status import RolloutStatus, StatusError
+from controlplane.rollouts.steps import SHARE_TOLERANCE, weight_at
 from controlplane.state import AppState
 from weightship.errors import PreconditionFailed, WeightshipError
 from weightship.logs import event
@@ -112,10 +116,29 @@ class Snapshot:
     fleet: FleetObservation
     nodes: dict[str, int]
     version_bytes: int
+    targets: tuple[str, ...] = ()
+
+    def share_for(self, weight: float) -> float:
+        """The pointer share written for a step's ``weight``: rounded up to whole nodes (see ``canary_share_for``)."""
+        return canary_share_for(self.deployment, self.targets, weight)
+
+    def engine_share(self, pointer: Pointer | None = None) -> float:
+        """A pointer's share as the engine knows it: the step weight that a rounded-up share was written for."""
+        pointer = pointer or self.pointer
+        share = pointer.canary_share
+        if pointer.canary != self.spec.version or share <= 0:
+            return share
+        weights = [s.weight / 100 for s in self.spec.steps if isinstance(s, SetWeightStep)]
+        if self.status is not None:
+            weights.insert(0, weight_at(self.spec, min(self.status.step_index, len(self.spec.steps) - 1)) / 100)
+        for weight in weights:
+            if weight > 0 and abs(self.share_for(weight) - share) <= SHARE_TOLERANCE:
+                return weight
+        return share
 
     def observations(self, rate: float | None, measurements: tuple[MeasurementResult, ...]) -> Observations:
         """What the engine is told."""
-        pointer = PointerObservation(self.pointer.stable, self.pointer.canary, self.pointer.canary_share, self.epoch)
+        pointer = PointerObservation(self.pointer.stable, self.pointer.canary, self.engine_share(), self.epoch)
         return Observations(pointer, self.fleet, self.version_bytes, rate, measurements)
 
 
@@ -269,7 +292,10 @@ class FleetRolloutDriver:
         for node in nodes:
             self._rates.see(node.name, node.counters.bytes_downloaded, node.last_seen)
         fleet, serving = _fleet(name, spec.version, pointer, nodes)
-        return Snapshot(rollout_id, name, model, spec, status, row_version, pointer, epoch, fleet, serving, size)
+        targets = tuple(node.name for node in nodes)
+        return Snapshot(
+            rollout_id, name, model, spec, status, row_version, pointer, epoch, fleet, serving, size, targets
+        )
 
     async def decide(self, snapshot: Snapshot) -> Reconciliation:
         """Run the engine; take the measurements it asks for and run it again with the answers."""
@@ -297,12 +323,19 @@ class FleetRolloutDriver:
             if not await asyncio.to_thread(self.take_lease, snapshot.rollout_id):
                 event(log, "rollout.deposed", logging.WARNING, rollout=snapshot.rollout_id, holder=self.holder)
                 return Outcome.DEPOSED, epoch, pointer
+            share = snapshot.share_for(action.canary_share) if action.canary is not None else 0.0
             after = Pointer(
                 stable=action.stable,
                 previous_stable=pointer.stable if action.stable != pointer.stable else pointer.previous_stable,
                 canary=action.canary,
-                canary_share=action.canary_share if action.canary is not None else 0.0,
+                canary_share=share,
             )
+            if share != action.canary_share and action.canary is not None:
+                chosen = sum(in_canary(snapshot.deployment, n, share) for n in snapshot.targets)
+                action = replace(
+                    action,
+                    reason=f"{action.reason} (rounded up to {chosen} of {len(snapshot.targets)} nodes: share {share:g})",
+                )
             try:
                 await asyncio.to_thread(
                     change_pointer,
@@ -349,9 +382,10 @@ class FleetRolloutDriver:
         moved = epoch != snapshot.epoch
         rolled_back = status.abort and not moved and not any(isinstance(a, SetPointer) for a in result.actions)
         done = status.completed or rolled_back
-        weight = pointer.canary_share * 100 if pointer.canary == snapshot.spec.version else 0.0
+        weight = snapshot.engine_share(pointer) * 100 if pointer.canary == snapshot.spec.version else 0.0
         fleet = {
             "weight": round(weight, 4),
+            "canary_share": pointer.canary_share if pointer.canary == snapshot.spec.version else 0.0,
             "nodes": snapshot.nodes,
             "staged_nodes": snapshot.fleet.staged_nodes,
             "target_nodes": snapshot.fleet.target_nodes,
@@ -394,6 +428,7 @@ def _fleet(
     """The engine's view of the target ``nodes``, and how many serve each digest."""
     staged = assigned = serving_canary = 0
     failures: list[str] = []
+    refused: list[str] = []
     serving: dict[str, int] = {}
     canary_on = pointer.canary == version
     for node in nodes:
@@ -409,6 +444,37 @@ def _fleet(
             serving[served] = serving.get(served, 0) + 1
         if canary_on and in_canary(deployment, node.name, pointer.canary_share):
             assigned += 1
-            serving_canary += served == version
-    fleet = FleetObservation(len(nodes), staged, assigned, serving_canary, tuple(failures))
+            if served == version:
+                loaded = _model_servers(node, deployment, version)
+                if loaded is _Loaded.REFUSED:
+                    refused.append(f"{node.name}: its model server refused the version (failed load or validation)")
+                serving_canary += loaded in (_Loaded.YES, _Loaded.NO_SERVERS)
+    fleet = FleetObservation(len(nodes), staged, assigned, serving_canary, tuple(failures), tuple(refused))
     return fleet, serving
+
+
+class _Loaded(enum.Enum):
+    YES = "yes"
+    NOT_YET = "not-yet"
+    REFUSED = "refused"
+    NO_SERVERS = "no-servers"
+
+
+def _model_servers(node: NodeInfo, deployment: str, version: str) -> _Loaded:
+    """Whether the node's model servers loaded ``version``, from the counters its heartbeat carries.
+
+    A node whose model servers report nothing for the deployment (none runs, or an external server
+    that does not report) counts once its agent switched. Otherwise a load that passed validation
+    counts; a version whose every load failed (load error, golden check, NaN scan) is refused.
+    """
+    reports = [v for v in (node.serve.versions if node.serve else []) if v.deployment == deployment]
+    if not reports:
+        return _Loaded.NO_SERVERS
+    mine = next((v for v in reports if v.digest == version), None)
+    if mine is None:
+        return _Loaded.NOT_YET
+    if mine.validations_passed > 0:
+        return _Loaded.YES
+    if mine.validations_failed > 0 or mine.load_failures > 0:
+        return _Loaded.REFUSED
+    return _Loaded.NOT_YET

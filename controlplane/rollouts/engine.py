@@ -21,7 +21,9 @@ One reconcile:
    no canary; once that is observed the rollout is complete (Healthy) and never acts again.
 5. **Steps.** Enter the current step if needed, judge it, and advance while steps are done (unless
    manually paused); several steps may pass in one reconcile when observations allow. A step that
-   waits on the fleet past its deadline aborts the rollout. Then want
+   waits on the fleet past its deadline aborts the rollout, so a canary that never becomes ready
+   ends Degraded, never paused for ever. Once traffic moved, a canary node whose model servers
+   refused the version (load or validation failed) aborts the rollout at once. Then want
    ``stable, version, weight %`` where weight is the last ``setWeight`` reached, and keep the canary
    staged on the share the prefetch steps ask for.
 """
@@ -118,6 +120,11 @@ def _progress(spec: RolloutSpec, status: RolloutStatus, observations: Observatio
     while status.step_index < len(spec.steps):
         if status.step_entered_at is None:
             status = enter_step(spec, status, observations, now)
+        refused = observations.fleet.canary_refused
+        if refused and weight_at(spec, status.step_index) > 0:
+            shown = "; ".join(refused[:3]) + (f" (+{len(refused) - 3} more)" if len(refused) > 3 else "")
+            message = f"{describe(spec, status.step_index)}: the canary cannot serve on {len(refused)} node(s): {shown}"
+            return _aborted(abort(status, now, AbortReason.CANARY_REFUSED, message), observations)
         outcome = judge_step(spec, status, observations, now)
         status, step_actions = outcome.status, outcome.actions
         if status.abort:

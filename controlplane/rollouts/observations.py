@@ -33,6 +33,8 @@ class FleetObservation:
     ``canary_assigned`` are the nodes the driver put on the canary side for the current pointer and
     ``canary_serving`` those of them that report serving it (weights loaded and verified).
     ``stage_failures`` are short per-node reasons why staging cannot finish (``node-3: disk full``).
+    ``canary_refused`` names the canary nodes whose model servers refused the canary (its load or
+    validation failed): such a canary never becomes ready, and the rollout aborts at once.
     """
 
     target_nodes: int
@@ -40,6 +42,7 @@ class FleetObservation:
     canary_assigned: int = 0
     canary_serving: int = 0
     stage_failures: tuple[str, ...] = ()
+    canary_refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class AbortReason:
     ANALYSIS_FAILED = "AnalysisFailed"
     ANALYSIS_ERROR = "AnalysisError"
     PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
+    CANARY_REFUSED = "CanaryRefused"
     POINTER_CHANGED = "PointerChangedExternally"
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,7 +32,9 @@ from weightship.schemas import (
     NodeHeartbeat,
     NodeInfo,
     NodeRegistration,
+    NodeServeMetrics,
     VersionInventory,
+    VersionServeMetrics,
     VersionState,
 )
 
@@ -133,9 +135,20 @@ class SimFleet:
             self.nodes.append(info)
         #: what each node served last: node name -> digest
         self.serving: dict[str, str | None] = {}
+        self.since = datetime.now(UTC)
 
-    def converge(self, disk_full: Mapping[str, str] | None = None) -> None:
-        """Every node reports what its desired state asks; ``disk_full`` nodes cannot fetch that digest."""
+    def converge(
+        self,
+        disk_full: Mapping[str, str] | None = None,
+        refuse: Collection[str] = (),
+        loading: Collection[str] = (),
+    ) -> None:
+        """Every node reports what its desired state asks; ``disk_full`` nodes cannot fetch that digest.
+
+        Nodes in ``refuse`` or ``loading`` run a model server that reports its counters: it loaded
+        every version it served except the canary, which it refused (failed validation) or has not
+        loaded yet. Other nodes report no model server.
+        """
         with self.state.sessions() as session:
             row = session.get(DeploymentRow, self.deployment)
             assert row is not None
@@ -159,9 +172,15 @@ class SimFleet:
                                                       bytes_present=self.size))  # fmt: skip
             serving = desired.digest if desired.digest != blocked else self.serving.get(node.name)
             self.serving[node.name] = serving
+            stable = desired.keep[0]  # the pointer's stable version comes first
+            versions = [VersionServeMetrics(deployment=self.deployment, digest=stable, validations_passed=1, instances=1)]
+            if node.name in refuse and desired.role == "canary":
+                versions.append(VersionServeMetrics(deployment=self.deployment, digest=desired.digest,
+                                                    validations_failed=1, instances=1))  # fmt: skip
             report = NodeHeartbeat(
                 inventory=inventory,
                 deployments=[DeploymentState(name=self.deployment, digest=serving, epoch=desired.epoch)],
+                serve=NodeServeMetrics(since=self.since, versions=versions) if node.name in {*refuse, *loading} else None,
             )
             beat = record_heartbeat(self.state, node.id, node.name, report)
             assert self.loop is not None
