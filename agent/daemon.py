@@ -66,11 +66,13 @@ from weightship.logs import event
 from weightship.manifest import Manifest
 from weightship.schemas import (
     DeploymentState,
+    NodeCounters,
     NodeEnrolRequest,
     NodeHealth,
     NodeHeartbeat,
     NodeInfo,
     NodeRegistration,
+    SourceTally,
     ValidationReport,
 )
 
@@ -277,7 +279,7 @@ class Agent:
                 )
                 for r in self.book.records()
             ],
-            counters=self.counters.snapshot(),
+            counters=self._counters(),
             health=NodeHealth(
                 disk_total=total,
                 disk_free=free,
@@ -289,6 +291,21 @@ class Agent:
             refused=self.reconciler.refused(),
             serve=self.serve_metrics.snapshot(),
         )
+
+    def _counters(self) -> NodeCounters:
+        """The node's counters; a cache adds the bytes it read upstream for its children (its origin egress).
+
+        Only bytes: the cache reads runs of chunks in one range read, so its read count is no chunk count.
+        """
+        counters = self.counters.snapshot()
+        if self.cache is None:
+            return counters
+        sources = dict(counters.sources)
+        stats = self.cache.stats
+        for kind, source in (("origin", "origin"), ("upstream", "region_cache")):
+            had = sources.get(source, SourceTally())
+            sources[source] = had.model_copy(update={"bytes": had.bytes + stats.fetch_bytes.get(kind, 0)})
+        return counters.model_copy(update={"sources": sources})
 
     def _report(self, report: ValidationReport) -> None:
         self._reports = [*self._reports, report][-MAX_PENDING_REPORTS:]

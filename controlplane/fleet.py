@@ -373,11 +373,9 @@ def status_of(state: AppState, name: str) -> DeploymentStatus:
         row = session.get(DeploymentRow, name)
         if row is None:
             raise NotFoundError(f"deployment {name!r} does not exist; list deployments with GET /v1/deployments", code="deployment_not_found", fields={"deployment": name})
-        nodes = [
-            n
-            for n in session.scalars(select(NodeRow).order_by(NodeRow.name))
-            if name in n.deployments and n.role == "node"
-        ]
+        everyone = list(session.scalars(select(NodeRow).order_by(NodeRow.name)))
+        nodes = [n for n in everyone if name in n.deployments and n.role == "node"]
+        caches = [n for n in everyone if n.role == "cache" and not _is_stale(n, now, stale_seconds)]
         roles = {"stable": row.stable, "canary": row.canary, "previous_stable": row.previous_stable}
         tallies: dict[str, _Tally] = {}
         for role, digest in roles.items():
@@ -386,7 +384,11 @@ def status_of(state: AppState, name: str) -> DeploymentStatus:
                 tallies[digest] = _Tally(digest=digest, role=role, size=version.size if version else 0)
     live = [n for n in nodes if not _is_stale(n, now, stale_seconds)]
     lagging: list[str] = []
-    origin_bytes = delivered_bytes = 0
+    # Origin egress wherever it happened: the serving nodes' own origin reads and every live cache's
+    # (a cache heartbeats what it read from the origin for its children). Delivered bytes are only
+    # what reached serving nodes, so a cache's reads are never counted as delivered.
+    origin_bytes = sum(_report(cache).counters.sources.get("origin", SourceTally()).bytes for cache in caches)
+    delivered_bytes = 0
     for node in live:
         report = _report(node)
         origin_bytes += report.counters.sources.get("origin", SourceTally()).bytes

@@ -680,8 +680,12 @@ class DeploymentStatus(_Schema):
     nodes: Count
     stale_nodes: Count
     lagging_nodes: list[str] = Field(description="nodes not yet serving what they should")
-    origin_bytes: Count = Field(default=0, description="bytes the live nodes fetched from the origin")
-    delivered_bytes: Count = Field(default=0, description="chunk bytes the live nodes received from any source")
+    origin_bytes: Count = Field(
+        default=0, description="bytes read from the origin by the live nodes and by every live cache (for them)"
+    )
+    delivered_bytes: Count = Field(
+        default=0, description="chunk bytes the live serving nodes received from any source (caches not counted)"
+    )
 
 
 class NodeEnrolRequest(NodeRegistration):
