@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from agent.switchhooks import DEFAULT_TIMEOUT, SwitchHook, parse_hook, parse_hook_flag
+from agent.hookcalls import DEFAULT_TIMEOUT, SwitchHook, parse_hook, parse_hook_flag
 from weightship.errors import ValidationError
 from weightship.manifest import check_model_name
 from weightship.schemas import NodeLabels

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_config
-from agent.switchhooks import DEFAULT_TIMEOUT, SwitchHook
+from agent.hookcalls import DEFAULT_TIMEOUT, SwitchHook
 from weightship.errors import ValidationError
 
 BASE = ["--control-plane", "http://cp:8080", "--deployment", "chat", "--deployment", "embed"]

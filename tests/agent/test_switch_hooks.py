@@ -86,9 +86,13 @@ async def test_a_signal_hook_makes_the_server_reload_from_the_link(
         await eventually(lambda: server.answer() == expected["v1"], 60, "the server to answer with v1")
         fleet.point(deployment, model, "v3")
         await eventually(lambda: server.answer() == expected["v3"], 60, "the server to answer with v3")
-        status = await agent.status()
-        assert status.deployments[0].hook is not None
-        assert (status.deployments[0].hook.kind, status.deployments[0].hook.ok) == ("signal", True)
+
+        async def reported() -> SwitchHookResult | None:
+            hook = (await agent.status()).deployments[0].hook
+            return hook if hook is not None and hook.digest == versions["v3"].digest else None
+
+        hook = await eventually(reported, 15, "the signal hook's call for v3 to be reported")
+        assert (hook.kind, hook.ok, hook.exit_code, hook.http_status) == ("signal", True, None, None)
     finally:
         server.stop()
 
@@ -180,3 +184,103 @@ async def peer_metrics(data_dir: Path) -> str:
         response = await http.get(f"{peer}/metrics")
     response.raise_for_status()
     return response.text
+
+
+def reload_script(hooks: Path, server: ExternalServerProcess, refused_digest: str = "") -> Path:
+    """A command hook that logs each call, refuses ``refused_digest`` (or all until ``allow`` exists), else sends SIGHUP."""
+    script = hooks / "reload.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$WEIGHTSHIP_DIGEST" >> "{hooks}/calls"\n'
+        f'test -e "{hooks}/allow" || {{ echo "not allowed yet" >&2; exit 4; }}\n'
+        f'test "$WEIGHTSHIP_DIGEST" != "{refused_digest}" || {{ echo "this server cannot run $WEIGHTSHIP_DIGEST" >&2; exit 5; }}\n'
+        f'kill -HUP "$(cat "{server.pidfile}")"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+async def test_a_newer_switch_is_announced_without_waiting_out_the_backoff_and_a_switch_back_ends_the_retries(
+    spawn: Spawn, fleet: Fleet, versions: dict[str, Manifest], model: str, deployment: str, tmp_path: Path
+) -> None:
+    expected = answers(tmp_path)
+    v2, v3 = versions["v2"].digest, versions["v3"].digest
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "allow").touch()
+    server = ExternalServerProcess(tmp_path / "server", current_link(tmp_path, "node-n", deployment)).start()
+    script = reload_script(hooks, server, refused_digest=v2)
+    try:
+        fleet.point(deployment, model, "v1")
+        agent = spawn("node-n", extra=["--switch-hook", f"{deployment}=command:{script}"])
+        await agent.ready()
+        await eventually(lambda: server.answer() == expected["v1"], 60, "the server to answer with v1")
+
+        fleet.point(deployment, model, "v2")
+
+        async def backing_off() -> SwitchHookResult | None:  # 6 failures: the next retry is seconds away
+            hook = (await agent.status()).deployments[0].hook
+            return hook if hook is not None and hook.digest == v2 and hook.attempts >= 6 else None
+
+        failing = await eventually(backing_off, 60, "the hook for v2 to keep failing")
+        assert failing.detail == f"exit 5: this server cannot run {v2}"
+        assert failing.retry_at is not None
+
+        fleet.point(deployment, model, "v3")
+        await eventually(lambda: server.answer() == expected["v3"], 60, "the server to answer with v3")
+
+        async def announced_v3() -> SwitchHookResult | None:
+            hook = (await agent.status()).deployments[0].hook
+            return hook if hook is not None and hook.digest == v3 and hook.ok else None
+
+        announced = await eventually(announced_v3, 15, "the hook's call for v3 to be reported")
+        assert announced.at < failing.retry_at, "v3 was announced only when v2's backoff ran out"
+
+        fleet.point(deployment, model, "v2")  # refused again, then the operator rolls back to v3
+
+        async def failing_again() -> bool:
+            hook = (await agent.status()).deployments[0].hook
+            return hook is not None and hook.digest == v2 and not hook.ok
+
+        await eventually(failing_again, 60, "the hook for v2 to fail again")
+        fleet.rollback(deployment)
+
+        async def moot() -> SwitchHookResult | None:
+            status = await agent.status()
+            hook = status.deployments[0].hook
+            quiet = not [e for e in status.health.errors if "switch hook" in e]
+            return hook if hook is not None and hook.digest == v3 and hook.ok and quiet else None
+
+        await eventually(moot, 60, "the rollback to v3 to end the retries for v2")
+        assert server.answer() == expected["v3"]
+    finally:
+        server.stop()
+
+
+async def test_a_switch_whose_hook_had_not_succeeded_is_announced_after_the_agent_restarts(
+    spawn: Spawn, fleet: Fleet, versions: dict[str, Manifest], model: str, deployment: str, tmp_path: Path
+) -> None:
+    expected = answers(tmp_path)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    server = ExternalServerProcess(tmp_path / "server", current_link(tmp_path, "node-r", deployment)).start()
+    script = reload_script(hooks, server)
+    try:
+        fleet.point(deployment, model, "v1")
+        agent = spawn("node-r", extra=["--switch-hook", f"{deployment}=command:{script}"])
+        await agent.ready()
+
+        async def failed() -> bool:
+            hook = (await agent.status()).deployments[0].hook
+            return hook is not None and not hook.ok
+
+        await eventually(failed, 60, "the hook to fail")
+        agent.stop()
+        (hooks / "allow").touch()
+        agent.start()
+        await agent.ready()
+        await eventually(lambda: server.answer() == expected["v1"], 60, "the restarted agent to announce v1")
+        state = json.loads((agent.data_dir / "state" / "switch-hooks.json").read_text())
+        assert state["announced"] == {deployment: versions["v1"].digest}
+    finally:
+        server.stop()
