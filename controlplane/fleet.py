@@ -384,6 +384,7 @@ def status_of(state: AppState, name: str) -> DeploymentStatus:
                 tallies[digest] = _Tally(digest=digest, role=role, size=version.size if version else 0)
     live = [n for n in nodes if not _is_stale(n, now, stale_seconds)]
     lagging: list[str] = []
+    hook_failures: list[str] = []
     # Origin egress wherever it happened: the serving nodes' own origin reads and every live cache's
     # (a cache heartbeats what it read from the origin for its children). Delivered bytes are only
     # what reached serving nodes, so a cache's reads are never counted as delivered.
@@ -396,6 +397,11 @@ def status_of(state: AppState, name: str) -> DeploymentStatus:
         want = desired_deployment(row, node.name).digest
         held = {item.digest: item for item in report.inventory}
         served = next((d.digest for d in report.deployments if d.name == name), None)
+        hook = next((d.hook for d in report.deployments if d.name == name), None)
+        if hook is not None and not hook.ok:
+            hook_failures.append(
+                f"{node.name}: {hook.kind} hook failed for {hook.digest} ({hook.attempts} attempts): {hook.detail}"
+            )
         for tally in tallies.values():
             item = held.get(tally.digest)
             if item is not None:
@@ -422,6 +428,7 @@ def status_of(state: AppState, name: str) -> DeploymentStatus:
         lagging_nodes=lagging,
         origin_bytes=origin_bytes,
         delivered_bytes=delivered_bytes,
+        hook_failures=hook_failures,
     )
 
 

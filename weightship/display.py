@@ -397,6 +397,9 @@ def status_view(status: DeploymentStatus, now: datetime | None = None) -> Render
     ]
     if problems:
         problems.insert(0, Text("fetches that keep failing:", style="bold red"))
+    if status.hook_failures:
+        problems.append(Text("switch hooks that keep failing (the model server did not get the switch):", style="bold red"))
+        problems += [Text(line, style="red") for line in status.hook_failures]
     return Group(deployment_table(d), Text(""), versions, summary, *problems)
 
 

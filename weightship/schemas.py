@@ -686,6 +686,9 @@ class DeploymentStatus(_Schema):
     delivered_bytes: Count = Field(
         default=0, description="chunk bytes the live serving nodes received from any source (caches not counted)"
     )
+    hook_failures: list[str] = Field(
+        default_factory=list, description="live nodes whose switch hook for this deployment keeps failing, and why"
+    )
 
 
 class NodeEnrolRequest(NodeRegistration):

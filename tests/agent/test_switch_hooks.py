@@ -19,7 +19,7 @@ from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.external_server import ExternalServerProcess, load
 from tests.agent.fleet import Fleet
 from weightship.digests import hex_of
-from weightship.display import nodes_table
+from weightship.display import nodes_table, status_view
 from weightship.layout import read_verification
 from weightship.manifest import Manifest
 from weightship.schemas import SwitchHookResult
@@ -158,6 +158,15 @@ async def test_a_failing_hook_is_reported_retried_and_leaves_the_link_on_the_ver
         table = await eventually(problem_shown, 15, "the failing hook in the node's report")
         assert f"switch hook of deployment {deployment}" in table
         assert "exit 3: vllm is draining; reload refused" in table
+        # ... and `weightship status DEPLOYMENT` names the node and why.
+        with fleet.cp.client() as admin:
+            status = admin.deployment_status(deployment)
+        assert len(status.hook_failures) == 1
+        assert status.hook_failures[0].startswith(f"node-f: command hook failed for {v1} (")
+        assert status.hook_failures[0].endswith("): exit 3: vllm is draining; reload refused")
+        console = Console(record=True, width=400)
+        console.print(status_view(status))
+        assert "switch hooks that keep failing" in console.export_text()
         metrics = await peer_metrics(agent.data_dir)
         assert f'weightship_agent_switch_hook_failing{{deployment="{deployment}"}} 1' in metrics
 
