@@ -42,7 +42,7 @@ import aiohttp
 from agent.problems import answer_error, status_error
 from agent.rangeclient import HttpAnswer, RangeClient
 from agent.tracker import Availability, bitmap_of, chunk_order
-from weightship.errors import IntegrityError, TemporaryError, WeightshipError
+from weightship.errors import ForbiddenError, IntegrityError, TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.manifest import Manifest
 from weightship.schemas import SourceTally, TrackerAnnounce, TrackerAvailability, TrackerHave, TrackerSources
@@ -169,6 +169,8 @@ class Sources:
         self._held: dict[str, tuple[dict[str, int], set[int]]] = {}
         self._dirty = asyncio.Event()
         self._last_ok = True
+        #: versions the control plane refused a ticket for, already logged (they are left out of announcements)
+        self._refused_logged: set[str] = set()
         self._tracker_down_until = 0.0
 
     async def _http(self) -> aiohttp.ClientSession:
@@ -329,16 +331,37 @@ class Sources:
                     event(log, "sources.announced", versions=len(self._held), chunks=held)
                 self._last_ok = ok
 
+    async def _ticket(self, versions: dict[str, TrackerHave]) -> str | None:
+        """A ticket for ``versions``, leaving out (in place) those the control plane refuses; None if none is left.
+
+        A node may hold a version it may no longer announce (the canary of an aborted rollout): that
+        version is dropped from the announcement, logged once, and the rest is still announced.
+        """
+        try:
+            return await self.tickets(sorted(versions))
+        except ForbiddenError as exc:
+            refused = set(str(exc.fields.get("refused") or "").split(",")) & set(versions)
+            if not refused:
+                raise
+            for version in sorted(refused - self._refused_logged):
+                event(log, "sources.announce_version_dropped", logging.WARNING, version=version, error=exc.message)
+            self._refused_logged |= refused
+            for version in refused:
+                del versions[version]
+            return await self.tickets(sorted(versions)) if versions else None
+
     async def announce(self) -> bool:
         """One announcement of everything held; False (logged) when it failed: the next one repeats it."""
         versions = {v: TrackerHave(have=base64.b64encode(bitmap_of(have, len(order))).decode())
                     for v, (order, have) in self._held.items()}  # fmt: skip
-        body = TrackerAnnounce(node=self.node, address=self.address, labels=self.labels,
-                               upload_slots_free=self.upload_slots, versions=versions)  # fmt: skip
         try:
+            ticket = await self._ticket(versions)
+            if ticket is None:
+                return True  # nothing held that this node may announce
+            body = TrackerAnnounce(node=self.node, address=self.address, labels=self.labels,
+                                   upload_slots_free=self.upload_slots, versions=versions)  # fmt: skip
             http = await self._http()
-            headers = {"Authorization": f"Ticket {await self.tickets(sorted(versions))}",
-                       "Content-Type": "application/json"}  # fmt: skip
+            headers = {"Authorization": f"Ticket {ticket}", "Content-Type": "application/json"}
             async with http.post(f"{self.tracker}/v1/tracker/announce", data=body.model_dump_json(),
                                  headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:  # fmt: skip
                 if response.status == 204:

@@ -229,6 +229,11 @@ class Tracker:
                 self._holders.setdefault((version, index), set()).add(view.name)
                 self._finished(view.name, (version, index))
 
+    def forget_version(self, name: str, version: str) -> None:
+        """Drop what ``name`` held of ``version`` (it may no longer announce it); the rest stays."""
+        for index in self._held.get(name, {}).pop(version, set()):
+            self._drop_holder((version, index), name)
+
     def forget(self, name: str) -> None:
         """Drop a node and everything it held (it left, or fell silent)."""
         self._nodes.pop(name, None)

@@ -9,7 +9,11 @@
 
 Everything a node says is checked against its ticket (signed by the control plane, checked
 offline): a node can announce only for itself and only versions it is entitled to, so it cannot
-advertise chunks on another node's behalf or learn who holds a version it may not fetch. Chunk
+advertise chunks on another node's behalf or learn who holds a version it may not fetch. A version
+the ticket does not cover (the node still holds a version it may no longer announce, e.g. the
+canary of an aborted rollout) is dropped from the announcement, and from what the tracker knew the
+node to hold, and logged once per node and version; the rest of the announcement is accepted. Only
+an announcement the ticket covers none of is refused. Chunk
 numbers are the version's ``chunk_order``; the manifest comes from the cache (which has every
 version a pointer names), so a bitmap naming chunks the version does not have is refused.
 Errors escape the handlers to the peer listener's boundary (``agent.problems``), which answers
@@ -32,10 +36,14 @@ from weightship.errors import ForbiddenError, NotFoundError, ValidationError
 from weightship.logs import event
 from weightship.manifest import Manifest
 from weightship.schemas import TrackerAnnounce, TrackerAvailability, TrackerReport, TrackerSource, TrackerSources
+from weightship.tickets import TicketNotCovering
 
 __all__ = ["TrackerRoutes"]
 
 log = logging.getLogger("agent.tracker")
+
+#: dropped (node, version) pairs remembered for logging once; forgotten all at once past this
+_MAX_DROPPED_LOGGED = 10_000
 
 
 class TrackerRoutes:
@@ -57,6 +65,8 @@ class TrackerRoutes:
         #: whether the cache holds one chunk (by digest): what a sources answer needs, in O(1)
         self.holds = holds
         self._orders: dict[str, dict[str, int]] = {}
+        #: (node, version) pairs whose dropping was logged already
+        self._dropped_logged: set[tuple[str, str]] = set()
 
     def mount(self, app: web.Application) -> None:
         """Add the routes to ``app`` (``PeerServer(extra_routes=...)``)."""
@@ -79,14 +89,23 @@ class TrackerRoutes:
                 raise ValidationError("an announcement names at least one version it holds chunks of")
             header = request.headers.get("Authorization")
             held: dict[str, list[int]] = {}
+            dropped: list[tuple[str, TicketNotCovering]] = []
             for version, have in body.versions.items():
-                ticket = await self.tickets.check(header, version)
+                try:
+                    ticket = await self.tickets.check(header, version)
+                except TicketNotCovering as exc:
+                    dropped.append((version, exc))
+                    continue
                 if ticket.node != body.node:
                     raise ForbiddenError(
                         f"ticket names node {ticket.node!r} but the announcement is for {body.node!r}; "
                         "a node announces only for itself"
                     )
                 held[version] = list(indexes_of(_decode(have.have), len(await self._order(version))))
+            if not held:
+                raise dropped[0][1]
+            for version, refusal in dropped:
+                self._dropped(body.node, version, refusal)
             view = NodeView(
                 body.node,
                 body.address,
@@ -98,6 +117,17 @@ class TrackerRoutes:
             return web.Response(status=204)
         except PydanticValidationError as exc:
             raise ValidationError(f"announcement: {exc.errors()[0].get('msg', 'invalid')}") from None
+
+    def _dropped(self, node: str, version: str, error: TicketNotCovering) -> None:
+        """Forget what ``node`` held of ``version``; log it the first time for this node and version."""
+        self.tracker.forget_version(node, version)
+        if (node, version) in self._dropped_logged:
+            return
+        if len(self._dropped_logged) >= _MAX_DROPPED_LOGGED:
+            self._dropped_logged.clear()
+        self._dropped_logged.add((node, version))
+        event(log, "tracker.announce_version_dropped", logging.WARNING, node=node, version=version,
+              error=error.message)  # fmt: skip
 
     async def _sources(self, request: web.Request) -> web.Response:
         version = request.query.get("version", "")

@@ -141,7 +141,8 @@ def issue_ticket(state: AppState, node_id: str, versions: list[str], now: float 
         log.warning("ticket_refused node=%s role=%s refused=%s", name, role, ",".join(refused))
         raise ForbiddenError(
             f"node {name!r} (role {role}) is not entitled to {', '.join(refused)}: a node gets tickets only for "
-            "ready versions that a pointer of a deployment it registered for names (a cache: any pointer)"
+            "ready versions that a pointer of a deployment it registered for names (a cache: any pointer)",
+            fields={"refused": ",".join(refused)},
         )
     keys = signing_key(state)
     issued = int(time.time() if now is None else now)
