@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,3 +76,39 @@ def test_a_bad_switch_hook_is_refused_with_what_to_write(flag: str, message: str
 def test_a_deployment_gets_one_hook() -> None:
     with pytest.raises(ValidationError, match="one hook per deployment"):
         load_config([*BASE, "--switch-hook", "chat=signal:/a.pid", "--switch-hook", "chat=signal:/b.pid"], {})
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "model-servers.md"
+
+
+def test_every_hook_setting_in_the_model_servers_doc_loads(tmp_path: Path) -> None:
+    text = DOC.read_text(encoding="utf-8")
+    flags = re.findall(r"`(chat=[^`]+)`", text)
+    assert len(flags) >= 3
+    for flag in flags:
+        (hook,) = load_config([*BASE, "--switch-hook", flag], {}).switch_hooks
+        assert hook.deployment == "chat"
+    blocks = re.findall(r"```toml\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) >= 2
+    kinds = []
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"agent-{i}.toml"
+        path.write_text(block)
+        config = load_config(["--config", str(path), *BASE], {})
+        kinds += [(h.kind, h.argv[0], h.timeout) for h in config.switch_hooks]
+    assert kinds == [("command", "systemctl", 600.0), ("command", "/bin/sh", 600.0)]
+
+
+def test_the_docs_tgi_hook_writes_a_file_sd_entry_naming_the_digest(tmp_path: Path) -> None:
+    """The TGI recipe's command, run with `systemctl` made a no-op and the targets directory moved here."""
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL) if "tgi" in b)
+    path = tmp_path / "agent.toml"
+    path.write_text(block.replace("/etc/prometheus/targets", str(tmp_path)))
+    (hook,) = load_config(["--config", str(path), *BASE], {}).switch_hooks
+    argv = [a.replace("systemctl restart tgi-chat", "true") for a in hook.argv]
+    digest = "sha256:" + "ab" * 32
+    env = {"PATH": os.environ["PATH"], "WEIGHTSHIP_DIGEST": digest, "WEIGHTSHIP_DEPLOYMENT": "chat"}
+    subprocess.run(argv, env=env, check=True, timeout=30)
+    (entry,) = json.loads((tmp_path / "tgi-chat.json").read_text())
+    assert entry["labels"] == {"digest": digest, "deployment": "chat"}
+    assert entry["targets"][0].endswith(":8080")
