@@ -86,6 +86,8 @@ class AgentConfig:
     upstream: str = ""
     #: ``host:port`` of the peer listener (``/v1/chunks``); empty: off on a node, ``0.0.0.0:7071`` on a cache
     peer_listen: str = ""
+    #: ``host:port`` of a listener serving only ``/metrics`` (empty: off; the local API serves it too)
+    metrics_listen: str = ""
     #: the URL others reach the peer listener at (default: derived from ``peer_listen``)
     peer_address: str = ""
     #: uploads served at once before requesters get 503 + Retry-After
@@ -222,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upstream", help="a cache's upstream: the next tier's peer URL (default: the origin)")
     parser.add_argument("--peer-listen", help="host:port of the peer listener (default: off; a cache 0.0.0.0:7071)")
     parser.add_argument("--peer-address", help="URL others reach the peer listener at")
+    parser.add_argument(
+        "--metrics-listen", help="host:port serving only GET /metrics for Prometheus (default: off)"
+    )
     parser.add_argument("--upload-concurrency", help="uploads served at once (default 16)")
     parser.add_argument("--upload-bandwidth", help="upload bytes per second, e.g. 100MB (0: unlimited)")
     parser.add_argument("--upstream-concurrency", help="a cache's upstream fetches at once (default 8)")

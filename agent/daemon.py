@@ -47,6 +47,7 @@ from agent.epochs import EpochBook
 from agent.fetcher import Fetcher
 from agent.identity import CREDENTIAL_FILE, NodeCredential, load_credential, new_credential, save_credential
 from agent.localapi import LocalAPI
+from agent.metricsserver import MetricsServer
 from agent.peerserver import ChunkLocator, PeerServer, VersionChunks
 from agent.pins import Pins
 from agent.rangeclient import RangeClient
@@ -261,10 +262,16 @@ class Agent:
                 extra_metrics=self._extra_metrics,
             )
         self.peer_url = ""
+        #: where ``--metrics-listen`` serves ``/metrics`` ("" when not set)
+        self.metrics_url = ""
 
     def _extra_metrics(self) -> str:
         cache = self.cache.metrics() if self.cache is not None else ""
         return cache + self.counters.sources.metrics() + self.switch_hooks.metrics()
+
+    def metrics_text(self) -> str:
+        """Everything the agent exposes to Prometheus: the peer listener's counters when there is one, and its own."""
+        return self.peer.metrics_text() if self.peer is not None else self._extra_metrics()
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -349,8 +356,12 @@ class Agent:
             self.serve_metrics.receive,
             versions=self.reconciler if cfg.role != "cache" else None,
             on_pinned=self._pinned,
+            metrics=self.metrics_text,
         )
         self.local_api_url = await api.start(cfg.local_api)
+        metrics = MetricsServer(self.metrics_text) if cfg.metrics_listen else None
+        if metrics is not None:
+            self.metrics_url = await metrics.start(cfg.metrics_listen)
         if self.cache is not None:
             await loop.run_in_executor(self.executor, self.cache.store.recover)
         if self.peer is not None:
@@ -397,6 +408,8 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await api.stop()
+            if metrics is not None:
+                await metrics.stop()
             if self.peer is not None:
                 await self.peer.stop()
             if self.cache is not None:
@@ -425,6 +438,7 @@ class Agent:
             "node_id": self.node_id,
             "local_api": self.local_api_url,
             "peer": self.peer_url,
+            "metrics": self.metrics_url,
             "control_plane": self.config.control_plane,
             "data_dir": str(self.store.root),
         }

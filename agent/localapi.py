@@ -18,6 +18,8 @@ the weights). Routes, under ``/local/v1`` (schemas in ``weightship.schemas``)::
                                                            while the lease lives
     DELETE /leases/{holder}                            -> 204 (the holder stopped serving)
 
+and ``GET /metrics`` (outside ``/local/v1``): the agent's Prometheus metrics (``agent.metricsserver``).
+
 ``wait`` is both "wait until ready" (``after_epoch=0``) and a long-poll of switches (pass the
 epoch you serve). A model server pinned to one version (``weightship-serve --digest``) uses the
 ``versions`` and ``leases`` routes instead and never follows a pointer: asking for a version and
@@ -41,6 +43,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
+from agent.metricsserver import metrics_handler
 from agent.pins import ASK_SECONDS, Pins
 from agent.problems import boundary, problem_response
 from agent.serving import Serving
@@ -99,6 +102,7 @@ class LocalAPI:
         on_serve_metrics: Callable[[ServeReport], None] | None = None,
         versions: Versions | None = None,
         on_pinned: Callable[[], None] = lambda: None,
+        metrics: Callable[[], str] | None = None,
     ) -> None:
         self.serving = serving
         self.versions = versions
@@ -122,6 +126,9 @@ class LocalAPI:
                 web.delete("/local/v1/leases/{holder}", self._release),
             ]
         )
+        if metrics is not None:
+            # The agent's metrics without a peer listener (see agent.metricsserver).
+            self.app.router.add_get("/metrics", metrics_handler(metrics))
         self._runner: web.AppRunner | None = None
         self.url = ""
 

@@ -195,6 +195,10 @@ class PeerServer:
         return web.Response(text="ok")
 
     async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics_text(), content_type="text/plain")
+
+    def metrics_text(self) -> str:
+        """This listener's upload counters, then ``extra_metrics`` (the agent's own)."""
         s = self.stats
         text = (
             f"weightship_peer_upload_chunks_total {s.chunks}\n"
@@ -205,7 +209,7 @@ class PeerServer:
         )
         if self.extra_metrics is not None:
             text += self.extra_metrics()
-        return web.Response(text=text, content_type="text/plain")
+        return text
 
     @staticmethod
     def _params(request: web.Request) -> tuple[str, str, str, int]:
