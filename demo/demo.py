@@ -13,6 +13,15 @@ of the nodes switch to it, the control plane judges the canary on the model serv
 fails validation: the rollout aborts by itself and the canary nodes switch back to v2, already on
 their disks (0 bytes). Finally ``weightship rollback`` by hand returns everyone to v1.
 
+With ``--model-dir`` the story runs on a real checkpoint instead (any model ``weightship-serve``
+builds, e.g. a Hugging Face directory): v1 is the directory as it is, v2 the same with one norm
+scale nudged (``gpu_loader.variants --nudge``: a stand-in for a fine-tune, one weight file
+changes), v3 is v2 with NaN in one weight matrix. Traffic goes to ``/v1/completions`` or
+``/v1/embeddings``, whichever the model serves. With ``--analysis FILE`` (a JSON list of analysis
+metrics, e.g. the Prometheus examples of docs/rollouts.md) the canary is judged by those instead
+of the built-in provider; ``--prometheus-targets DIR`` lists the model servers there for
+Prometheus' file-based discovery while the demo runs.
+
 The last line is one JSON object of the figures: ``rollouts``, ``auto_rollback_seconds`` (failed
 measurement -> every canary node back on stable), ``canary_max_share``, ``serve_failed_requests``,
 ``serve_versions_seen`` (node-0's answers, in order: v1, v2, v1; node-0 is never a canary at 25 %
@@ -115,10 +124,16 @@ def all_serving(procs: Processes, ports: list[int], digest: str) -> bool:
 
 
 class Traffic:
-    """Inference requests against the model servers in turn, counting failures, until stopped."""
+    """Inference requests against the model servers in turn, counting failures, until stopped.
 
-    def __init__(self, urls: list[str]) -> None:
+    ``route`` and ``body`` are the request each server gets; the version that answered is read from
+    the ``X-Weightship-Digest`` header every route sets.
+    """
+
+    def __init__(self, urls: list[str], route: str = "/v1/generate", body: dict[str, object] | None = None) -> None:
         self.urls = urls
+        self.route = route
+        self.body = body if body is not None else {"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 1}
         self.ok = 0
         self.failed = 0
         self.digests: set[str] = set()
@@ -132,7 +147,7 @@ class Traffic:
             while not self._stop.is_set():
                 for url, sequence in zip(self.urls, self._sequences, strict=True):
                     try:
-                        r = http.post(url + "/v1/generate", json={"input_ids": [[1, 2, 3, 4]], "max_new_tokens": 1})
+                        r = http.post(url + self.route, json=self.body)
                     except httpx.HTTPError:
                         self.failed += 1
                         continue
@@ -140,7 +155,7 @@ class Traffic:
                         self.failed += 1
                         continue
                     self.ok += 1
-                    digest = str(r.json()["digest"])
+                    digest = r.headers["X-Weightship-Digest"]
                     self.digests.add(digest)
                     if not sequence or sequence[-1] != digest:
                         sequence.append(digest)
@@ -180,7 +195,7 @@ def cli(url: str, token: str, *argv: str) -> str:
     return run.stdout
 
 
-def rollout_spec(weight: int) -> dict[str, object]:
+def rollout_spec(weight: int, analysis: list[dict[str, object]] | None = None) -> dict[str, object]:
     """Prefetch everywhere, move ``weight`` % of the nodes, then judge the canary against stable.
 
     ``golden``: any failed validation (golden check, NaN scan) of the canary fails the rollout.
@@ -199,13 +214,24 @@ def rollout_spec(weight: int) -> dict[str, object]:
         {"name": "golden", "provider": {"builtin": golden}, "failureCondition": "result['canary_failed'] > 0", **timing},
         {"name": "error-rate", "provider": {"builtin": errors}, "successCondition": "result['delta'] <= 0.05", **timing},
     ]
+    if analysis is not None:  # the metrics the user gave (--analysis), as they are
+        metrics = analysis
     return {"steps": [{"prefetch": {"percent": 100}}, {"setWeight": weight}, {"analysis": {"metrics": metrics}}]}
 
 
-def start_rollout(url: str, token: str, label: str, work: Path, weight: int, *, steps: bool = True) -> str:
+def start_rollout(
+    url: str,
+    token: str,
+    label: str,
+    work: Path,
+    weight: int,
+    *,
+    steps: bool = True,
+    analysis: list[dict[str, object]] | None = None,
+) -> str:
     """``weightship rollout start DEPLOYMENT LABEL --spec FILE``; the rollout's id."""
     spec = work / f"rollout-{label}.json"
-    spec.write_text(json.dumps(rollout_spec(weight) if steps else {"steps": []}))
+    spec.write_text(json.dumps(rollout_spec(weight, analysis) if steps else {"steps": []}))
     answer = json.loads(cli(url, token, "rollout", "start", DEPLOYMENT, label, "--spec", str(spec), "--json"))
     return str(answer["id"])
 
@@ -254,7 +280,10 @@ def follow(
                 for m in metric.measurements
                 if m.phase == "Failed" and m.finished_at is not None
             ]
-            failed_at, reason = min(failed, key=lambda f: f[0]) if failed else (None, rollout.message)
+            # Aborted without a failed measurement: the engine refused the canary before any analysis
+            # (its model server refused the version); the rollout's last update is when it aborted.
+            aborted_at = rollout.updated_at if rollout.aborted else None
+            failed_at, reason = min(failed, key=lambda f: f[0]) if failed else (aborted_at, rollout.message)
             return Followed(rollout, time.monotonic() - start, max_share, bytes_at_canary, failed_at, reason)
         # The share of agents serving the version while it is the canary: the pointer read before
         # and after the agents' states must both name it as canary (a promotion in between would
@@ -265,6 +294,24 @@ def follow(
                 max_share = max(max_share, sum(d == version for d in states) / len(states))
         time.sleep(0.1)
     raise SystemExit(f"demo: rollout {rollout_id} of {version[:19]} did not finish in 300 s")
+
+
+def request_for(url: str) -> tuple[str, dict[str, object]]:
+    """The request the model at ``url`` answers: a route for its task, text when it ships a tokenizer."""
+    model = httpx.get(url + "/v1/status", timeout=5).json()["serving"]["model"]
+    if model["task"] == "embedding":
+        return "/v1/embeddings", {"input": "weightship rolls out model weights" if model["tokenizer"] else [1, 2, 3, 4]}
+    return "/v1/completions", {"prompt": "The weights are" if model["tokenizer"] else [1, 2, 3, 4], "max_tokens": 1}
+
+
+def scrape_targets(directory: Path, urls: list[str]) -> Path:
+    """List the model servers in ``directory`` (Prometheus file_sd), written whole by a rename; the file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"weightship-demo-{os.getpid()}.json"
+    groups = [{"targets": [url.removeprefix("http://")], "labels": {"job_demo": DEPLOYMENT}} for url in urls]
+    path.with_suffix(".tmp").write_text(json.dumps(groups))
+    path.with_suffix(".tmp").rename(path)
+    return path
 
 
 def served_digest(url: str) -> str | None:
@@ -320,7 +367,13 @@ def main() -> None:
         "--canary-weight", type=int, default=25, help="percent of the nodes the canary step moves (at least one must fall in it)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--model-dir", type=Path, help="roll out this checkpoint (and variants of it) instead of a generated model")
+    parser.add_argument("--analysis", type=Path, help="JSON list of analysis metrics judging each canary (default: built-in)")
+    parser.add_argument("--prometheus-targets", type=Path, help="write the model servers here for Prometheus' file_sd")
     args = parser.parse_args()
+    model_name = args.model_dir.name.lower() if args.model_dir else MODEL
+    analysis = json.loads(args.analysis.read_text()) if args.analysis else None
+    targets_file: Path | None = None
 
     work = Path(tempfile.mkdtemp(prefix="weightship-demo-"))
     (work / "logs").mkdir()
@@ -366,29 +419,39 @@ def main() -> None:
 
         # 2. Three versions of a real safetensors model; v2 and v3 redraw only the last shard, v3 is broken.
         t0 = time.monotonic()
+        if args.model_dir is not None:
+            shutil.copytree(args.model_dir, work / "v1")
+            variants = [PY, "-m", "gpu_loader.variants"]
+            subprocess.run([*variants, str(work / "v1"), str(work / "v2"), "--nudge"], check=True, env=env,
+                           stdout=subprocess.DEVNULL)  # fmt: skip
+            subprocess.run([*variants, str(work / "v2"), str(work / "v3"), "--nan"], check=True, env=env,
+                           stdout=subprocess.DEVNULL)  # fmt: skip
+            console.print(f"{args.model_dir.name}: v1 as given, v2 one norm scale nudged, v3 NaN in one weight matrix "
+                          f"({time.monotonic() - t0:.1f}s)")  # fmt: skip
         gen = [PY, "-m", "gpu_loader.modelgen"]
         common = ["--size-mb", str(args.size_mb), "--seed", "7", "--shards", "4"]
-        subprocess.run([*gen, str(work / "v1"), *common], check=True, env=env, stdout=subprocess.DEVNULL)
-        subprocess.run(
-            [*gen, str(work / "v2"), *common, "--variant", "1"], check=True, env=env, stdout=subprocess.DEVNULL
-        )
-        subprocess.run(
-            [*gen, str(work / "v3"), *common, "--variant", "2", "--corrupt", "nan"],
-            check=True,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
-        console.print(
-            f"generated v1, v2 and v3 ({args.size_mb:.0f} MB each, 4 shards; v3 has NaNs in one layer) "
-            f"in {time.monotonic() - t0:.1f}s"
-        )
+        if args.model_dir is None:
+            subprocess.run([*gen, str(work / "v1"), *common], check=True, env=env, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [*gen, str(work / "v2"), *common, "--variant", "1"], check=True, env=env, stdout=subprocess.DEVNULL
+            )
+            subprocess.run(
+                [*gen, str(work / "v3"), *common, "--variant", "2", "--corrupt", "nan"],
+                check=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
+            console.print(
+                f"generated v1, v2 and v3 ({args.size_mb:.0f} MB each, 4 shards; v3 has NaNs in one layer) "
+                f"in {time.monotonic() - t0:.1f}s"
+            )
 
         # 3. Publish all three; unchanged shards are already in the store.
         table = Table("version", "digest", "files", "total", "uploaded", "deduplicated", "hash s", "upload s")
         results = []
         with Client(cp_url, publisher) as client:
             for label in ("v1", "v2", "v3"):
-                r = client.publish_directory(work / label, MODEL, [label])
+                r = client.publish_directory(work / label, model_name, [label])
                 results.append(r)
                 table.add_row(
                     label,
@@ -405,9 +468,9 @@ def main() -> None:
 
         # 4. A deployment whose first rollout (v1) makes it stable at once; N agents behind a cluster cache.
         ops = Client(cp_url, operator)
-        ops.create_deployment(DEPLOYMENT, MODEL)
+        ops.create_deployment(DEPLOYMENT, model_name)
         rollouts: list[dict[str, object]] = []
-        first = start_rollout(cp_url, operator, "v1", work, args.canary_weight, steps=False)
+        first = start_rollout(cp_url, operator, "v1", work, args.canary_weight, steps=False, analysis=analysis)
         wait_until("the v1 rollout to make v1 stable", lambda: ops.get_rollout(DEPLOYMENT, first).completed)
         rollouts.append({"version": "v1", "phase": ops.get_rollout(DEPLOYMENT, first).phase, "steps": 0})
         cache_url = start_cache(procs, work, cp_url, agent_token, env)
@@ -435,7 +498,11 @@ def main() -> None:
             timeout=180,
         )
         console.print(f"{len(serve_urls)} model servers loaded v1 (verify=trust), passed validation, ready in {took:.1f}s")
-        traffic = Traffic(serve_urls)
+        if args.prometheus_targets is not None:
+            targets_file = scrape_targets(args.prometheus_targets, serve_urls)
+            console.print(f"model servers listed for Prometheus in {targets_file}")
+        traffic = Traffic(serve_urls, *request_for(serve_urls[0]))
+        console.print(f"traffic: POST {traffic.route} {json.dumps(traffic.body)} to each model server in turn")
         traffic.start()
 
         def counters() -> dict[str, int]:
@@ -463,7 +530,7 @@ def main() -> None:
 
         # 5. v2 (good): prefetch everywhere, canary, judged on the model servers' own figures, promoted.
         console.rule("rollout of v2 (good weights)")
-        v2_id = start_rollout(cp_url, operator, "v2", work, args.canary_weight)
+        v2_id = start_rollout(cp_url, operator, "v2", work, args.canary_weight, analysis=analysis)
         v2_run = follow(ops, v2_id, v2, procs, ports, counters)
         if not v2_run.rollout.completed:
             raise SystemExit(f"demo: the v2 rollout did not complete: {v2_run.rollout.phase}: {v2_run.rollout.message}")
@@ -481,7 +548,7 @@ def main() -> None:
 
         # 6. v3 (NaNs in one layer): canary fails validation; the rollout rolls itself back, 0 bytes.
         console.rule("rollout of v3 (broken weights: NaNs in one layer)")
-        v3_id = start_rollout(cp_url, operator, "v3", work, args.canary_weight)
+        v3_id = start_rollout(cp_url, operator, "v3", work, args.canary_weight, analysis=analysis)
         v3_run = follow(ops, v3_id, v3, procs, ports, counters)
         if v3_run.failed_at is None:
             raise SystemExit(f"demo: the v3 rollout was not aborted: {v3_run.rollout.phase}: {v3_run.rollout.message}")
@@ -584,6 +651,8 @@ def main() -> None:
         print(json.dumps(figures))
     finally:
         procs.stop()
+        if targets_file is not None:
+            targets_file.unlink(missing_ok=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 

