@@ -10,7 +10,8 @@ by status code into ``weightship_serve_requests_total`` and the latency histogra
 
 Canaries: healthy; one that refuses its version; one that answers 5xx; one that is slow; one that
 answered 503 while it was still loading, before the step began (must pass: the window is the
-step's); one that never loaded anything.
+step's); one that never loaded anything. And one real ``weightship-serve`` process serving a
+generated model, healthy, so the stand-ins cannot drift from the real server's series.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pytest
 from controlplane.rollouts.analysis import AnalysisPhase
 from gpu_loader.metrics import ServeMetrics
 from tests.conftest import REPO
+from tests.gpu_loader.staged_versions import manifest_of, stage
+from tests.gpu_loader.test_serve import PROMPT, ServerProcess
 from tests.prometheus_examples import (
     MetricsTarget,
     Prometheus,
@@ -95,17 +98,27 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(doc_prometheus: Prometheus) -> Iterator[Fleet]:  # noqa: F811 - the imported fixture
+def fleet(doc_prometheus: Prometheus, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:  # noqa: F811
     """A stable server and one server per canary, scraped; traffic sent after the step began."""
+    from gpu_loader.modelgen import generate  # imports torch: only when this module runs
+
     stable = _digest()
     canaries = {name: _digest() for name in TRAFFIC}
     servers = {name: StandIn() for name in ("stable", *TRAFFIC)}
+    root = tmp_path_factory.mktemp("real-serve")
+    version = stage(generate(root / "model", size_mb=1, seed=51).directory, root / "data")
+    (root / "serve").mkdir()
+    real = ServerProcess(["--version-dir", str(version), "--device", "cpu"], root / "serve")
+    canaries["real-healthy"] = manifest_of(version).digest
     try:
+        eventually(lambda: real.ready_digest() == canaries["real-healthy"], 120, "the real server to serve")
         for name, server in servers.items():
             if name not in ("loaded-late", "never-ready"):
                 server.loaded(stable, 1, passed=True)
         before = datetime.now(UTC)
-        with scraped_by(doc_prometheus, {name: s.target.address for name, s in servers.items()}) as test:
+        targets = {name: s.target.address for name, s in servers.items()}
+        targets["real-healthy"] = str(real.client.base_url).removeprefix("http://").rstrip("/")
+        with scraped_by(doc_prometheus, targets) as test:
             for batch, answered in ((12, 12), (13, 25)):  # while it was loading, before the step; a scrape apart
                 servers["loaded-late"].answer(batch, code=503)
                 eventually(
@@ -114,9 +127,9 @@ def fleet(doc_prometheus: Prometheus) -> Iterator[Fleet]:  # noqa: F811 - the im
                     "Prometheus to scrape the 503s answered before the step",
                 )  # fmt: skip
             started = datetime.now(UTC)
-            for name, canary in canaries.items():
+            for name in TRAFFIC:
                 if name != "never-ready":
-                    servers[name].loaded(canary, 2, passed=name != "refused")
+                    servers[name].loaded(canaries[name], 2, passed=name != "refused")
             # Two scrapes of the switched servers before any traffic, so the window holds a sample before it.
             switched = canaries["healthy"]
             eventually(
@@ -133,7 +146,9 @@ def fleet(doc_prometheus: Prometheus) -> Iterator[Fleet]:  # noqa: F811 - the im
                         servers[name].answer(requests // 2, code, seconds)
                         total += requests // 2
                 servers["stable"].answer(30)
-                total += 30
+                for _ in range(10):
+                    assert real.client.post("/v1/generate", json=PROMPT).status_code == 200
+                total += 30 + 10
                 eventually(
                     lambda: doc_prometheus.value(f'sum(weightship_serve_requests_total{{test="{test}"}})') == total,  # noqa: B023
                     60,
@@ -144,6 +159,7 @@ def fleet(doc_prometheus: Prometheus) -> Iterator[Fleet]:  # noqa: F811 - the im
     finally:
         for server in servers.values():
             server.target.close()
+        real.stop()
 
 
 def test_the_doc_has_the_three_examples() -> None:
@@ -154,6 +170,7 @@ def test_the_doc_has_the_three_examples() -> None:
     ("canary", "phase", "failing"),
     [
         ("healthy", AnalysisPhase.SUCCESSFUL, set()),
+        ("real-healthy", AnalysisPhase.SUCCESSFUL, set()),
         ("loaded-late", AnalysisPhase.SUCCESSFUL, set()),
         ("refused", AnalysisPhase.FAILED, {"canary-serving", "error-rate", "p99-latency"}),
         ("never-ready", AnalysisPhase.FAILED, {"canary-serving", "error-rate", "p99-latency"}),
