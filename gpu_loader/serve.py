@@ -116,6 +116,7 @@ def _problem(request: web.Request, status: int, code: str, detail: str) -> web.R
 _BadRequest = api.BadRequest
 _Body = TypeVar("_Body")
 DIGEST_HEADER = "X-Weightship-Digest"
+_KINDS = {"causal-lm": "a causal LM", "embedding": "an embedding model"}
 
 
 class Server:
@@ -188,8 +189,8 @@ class Server:
                 if served.card.task != task:
                     route = "/v1/completions" if served.card.task == "causal-lm" else "/v1/embeddings"
                     raise _BadRequest(
-                        f"{request.path} needs a {task} model, but {served.card.name} ({served.digest}) is "
-                        f"{served.card.architecture}, a {served.card.task} model: use {route}"
+                        f"{request.path} needs {_KINDS[task]}, but {served.card.name} ({served.digest}) is "
+                        f"{served.card.architecture}, {_KINDS[served.card.task]}: use {route}"
                     )
                 self.metrics.queue_depth.inc()
                 with self._waiting_lock:
