@@ -31,6 +31,8 @@ from weightship.publishing import PublishProgress, PublishResult, publish_direct
 from weightship.schemas import (
     BlobURLRequest,
     BlobURLs,
+    BuiltinMeasure,
+    BuiltinMeasurement,
     Deployment,
     DeploymentCreate,
     DeploymentStatus,
@@ -237,6 +239,14 @@ class Client:
     def cancel_preheat(self, name: str, preheat_id: str) -> None:
         """Cancel a preheat of ``name``."""
         self.session.send("DELETE", f"/v1/deployments/{segment(name)}/preheats/{segment(preheat_id)}")
+
+    def measure_builtin(
+        self, deployment: str, *, metric: str, provider: dict[str, Any], canary: str, stable: str | None
+    ) -> dict[str, float] | None:
+        """One built-in analysis measurement of ``canary`` against ``stable`` (None: no data yet)."""
+        body = BuiltinMeasure(metric=metric, provider=provider, canary=canary, stable=stable)
+        path = f"/v1/deployments/{segment(deployment)}/analysis/builtin"
+        return parse(BuiltinMeasurement, self.session.send("POST", path, json=body)).value
 
     def list_deployments(self) -> list[Deployment]:
         """Every deployment's pointer."""

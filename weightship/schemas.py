@@ -44,6 +44,7 @@ Rollouts [reads: any role; create: operator, or publisher where the deployment a
     GET    /v1/deployments/{name}/rollouts/{id}                     -> Rollout (id "current": active, else latest)
     POST   /v1/deployments/{name}/rollouts/{id}/actions RolloutAction -> Rollout (409 rollout-verb)
     GET    /v1/rollouts?active=true                                 -> RolloutList
+    POST   /v1/deployments/{name}/analysis/builtin BuiltinMeasure   -> BuiltinMeasurement (operator)
 Tokens [admin]
     POST   /v1/tokens                              TokenCreate      -> TokenCreated
     GET    /v1/tokens                                               -> list[TokenInfo]
@@ -83,6 +84,8 @@ __all__ = [
     "BlobURLRequest",
     "BlobURLs",
     "BlobUpload",
+    "BuiltinMeasure",
+    "BuiltinMeasurement",
     "Deployment",
     "DeploymentCreate",
     "DeploymentState",
@@ -877,6 +880,26 @@ class TrackerReport(_Schema):
 
 
 # --- rollouts ------------------------------------------------------------------------------------
+
+
+class BuiltinMeasure(_Schema):
+    """``POST /v1/deployments/{name}/analysis/builtin``: one built-in measurement, canary against stable, by digest.
+
+    For a rollout driven outside the control plane (the Kubernetes operator): the control plane
+    measures from the serving counters it holds (``docs/rollouts.md``, provider ``builtin``).
+    """
+
+    metric: str = Field(description="the analysis metric's name (messages name it)")
+    provider: dict[str, Any] = Field(description="the metric's builtin settings: metric, minRequests, window, timeout")
+    canary: Digest
+    stable: Digest | None = None
+
+
+class BuiltinMeasurement(_Schema):
+    """The answer: the measured ``value`` (a mapping, see ``docs/rollouts.md``), or null when there is no data."""
+
+    value: dict[str, float] | None = None
+
 
 
 class RolloutCreate(_Schema):

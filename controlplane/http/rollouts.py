@@ -17,7 +17,18 @@ from controlplane.http.auth import require
 from controlplane.http.problems import errors
 from controlplane.rollout_driver import FleetRolloutDriver
 from controlplane.rollout_resources import ROLLOUTS, apply_verb, create_rollout, get_rollout, list_rollouts
-from weightship.schemas import Role, Rollout, RolloutAction, RolloutCreate, RolloutList
+from controlplane.rollouts.actions import MeasureMetric
+from controlplane.rollouts.providers.base import RolloutContext
+from controlplane.rollouts.providers.builtin import BuiltinProvider
+from weightship.schemas import (
+    BuiltinMeasure,
+    BuiltinMeasurement,
+    Role,
+    Rollout,
+    RolloutAction,
+    RolloutCreate,
+    RolloutList,
+)
 
 __all__ = ["router"]
 
@@ -91,3 +102,19 @@ async def rollout_action(
     rollout = await run_in_threadpool(apply_verb, state, name, rollout_id, body.verb, principal)
     await state.changes.announce(ROLLOUTS)
     return rollout
+
+
+@router.post(
+    "/v1/deployments/{name}/analysis/builtin", response_model=BuiltinMeasurement, responses=errors(400, 503)
+)
+async def measure_builtin(
+    name: str,
+    body: BuiltinMeasure,
+    request: Request,
+    _principal: Principal = Depends(require(Role.operator)),
+) -> BuiltinMeasurement:
+    """One built-in measurement of ``canary`` against ``stable`` for a rollout driven elsewhere (the Kubernetes operator)."""
+    provider = BuiltinProvider.for_state(state_of(request))
+    action = MeasureMetric("remote", body.metric, 0, "builtin", body.provider)
+    value = await provider.measure(action, RolloutContext("remote", name, body.canary, body.stable))
+    return BuiltinMeasurement(value=value)

@@ -14,6 +14,7 @@ this operator drives the model-server pods through the same engine as the fleet 
   the status (and show a failed reconcile on the resource);
 - ``status.py`` — the status fields and conditions people and ``kubectl`` read;
 - ``versions.py`` — what the operator asks the control plane (labels, the pointer and its audit);
+- ``analysis.py`` — the built-in analysis provider, measured by the control plane by digest;
 - ``workers.py`` — one worker per ModelRollout, on a timer and on changes, with no finalizer;
 - ``operator.py`` — the kopf wiring (``python -m controlplane.k8s``, ``weightship-operator``).
 """

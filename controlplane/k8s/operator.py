@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import kopf
 
+from controlplane.k8s.analysis import RemoteBuiltinProvider
 from controlplane.k8s.driver import RolloutDriver
 from controlplane.k8s.kube import Body, InCluster, KubeApi, connect
 from controlplane.k8s.leader import LeaderElector
@@ -142,7 +143,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
         # Two tries per call: a reconcile that fails is retried on the next tick anyway, and the
         # pods converge meanwhile (a longer retry here would hold them up).
         runtime.client = Client(config.controlplane_url, config.token, backoff=Backoff(attempts=2))
-        runtime.providers = ProviderRegistry.default()
+        runtime.providers = ProviderRegistry.default(builtin=RemoteBuiltinProvider(runtime.client))
         runtime.driver = RolloutDriver(
             runtime.kube, ControlPlane(runtime.client), runtime.providers,
             post_event=_post_event, wait_image=config.wait_image, agent_paths=config.agent_paths,

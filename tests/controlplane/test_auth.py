@@ -92,6 +92,8 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/deployments/{}/rollouts/{}"): ANY,
     ("POST", "/v1/deployments/{}/rollouts/{}/actions"): only(OPERATOR),
     ("GET", "/v1/rollouts"): ANY,
+    # a built-in analysis measurement for a rollout driven outside (the Kubernetes operator)
+    ("POST", "/v1/deployments/{}/analysis/builtin"): only(OPERATOR),
 }
 
 #: routes authorised by an HMAC-signed URL instead of a token: a bad signature is refused whoever asks
