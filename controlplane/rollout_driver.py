@@ -465,7 +465,8 @@ def _model_servers(node: NodeInfo, deployment: str, version: str) -> _Loaded:
 
     A node whose model servers report nothing for the deployment (none runs, or an external server
     that does not report) counts once its agent switched. Otherwise a load that passed validation
-    counts; a version whose every load failed (load error, golden check, NaN scan) is refused.
+    counts, as do requests answered with the version (a server that reports no validations); a
+    version whose every load failed (load error, golden check, NaN scan) is refused.
     """
     reports = [v for v in (node.serve.versions if node.serve else []) if v.deployment == deployment]
     if not reports:
@@ -473,7 +474,7 @@ def _model_servers(node: NodeInfo, deployment: str, version: str) -> _Loaded:
     mine = next((v for v in reports if v.digest == version), None)
     if mine is None:
         return _Loaded.NOT_YET
-    if mine.validations_passed > 0:
+    if mine.validations_passed > 0 or mine.requests > 0:  # validated, or answering requests with it
         return _Loaded.YES
     if mine.validations_failed > 0 or mine.load_failures > 0:
         return _Loaded.REFUSED
