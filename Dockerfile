@@ -3,7 +3,7 @@
 #
 #   target `weightship` (default): control plane, node agent / cache and operator entry points
 #       weightship-controlplane · weightship-agent · weightship-operator · weightship (CLI)
-#   target `serve`: the reference model server `weightship-serve`, with torch==2.13.0
+#   target `serve`: the reference model server `weightship-serve`, with torch==2.13.0 and transformers
 #       CPU build by default; the CUDA build with --build-arg TORCH_INDEX_URL=https://pypi.org/simple
 #       (PyPI's Linux x86_64 torch wheels are the CUDA builds; the NVIDIA driver comes from the node).
 #
@@ -35,9 +35,10 @@ RUN /opt/weightship/bin/pip install -q -c /tmp/constraints.txt ".[operator]" \
 FROM build AS build-serve
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # torch exactly as documented: ==2.13.0; a looser range can pull a multi-GB build by surprise.
+# transformers and tokenizers: weightship-serve builds any model they know (docs/serving.md).
 RUN /opt/weightship/bin/pip install -q --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple \
-        -c /tmp/constraints.txt "torch==2.13.0" \
- && /opt/weightship/bin/python -c "import gpu_loader.serve"
+        -c /tmp/constraints.txt "torch==2.13.0" "transformers==5.24.0" "tokenizers==0.23.3" \
+ && /opt/weightship/bin/python -c "import gpu_loader.serve, gpu_loader.hf, transformers"
 
 FROM ${PYTHON_IMAGE} AS runtime-base
 ENV PATH=/opt/weightship/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/home/weightship
