@@ -68,7 +68,7 @@ import aiohttp
 from weightship.logs import event
 from weightship.testing import free_port, terminate
 
-__all__ = ["Cluster", "KubeClient", "Kubelet", "ReplicaSetController", "pod_ready"]
+__all__ = ["Cluster", "KubeClient", "Kubelet", "ReplicaSetController", "expand_vars", "map_paths", "map_ports", "pod_ready"]
 
 _log = logging.getLogger("tests.kubernetes.kubelet")
 Body = dict[str, Any]
@@ -533,17 +533,17 @@ class Kubelet(_Loop):
         }
         for var in spec.get("env") or []:
             if "value" in var:
-                value = _expand(str(var["value"]), env)
+                value = expand_vars(str(var["value"]), env)
             elif "fieldRef" in (var.get("valueFrom") or {}):
                 value = self._field(run.pod, var["valueFrom"]["fieldRef"]["fieldPath"])
             else:
                 raise ValueError(f"env {var['name']}: only value and fieldRef are supported by this kubelet")
-            env[var["name"]] = _mapped(value, mounts)
-        argv = [_expand(str(a), env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
+            env[var["name"]] = map_paths(value, mounts)
+        argv = [expand_vars(str(a), env) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
         if not argv:
             raise ValueError(f"container {spec['name']} has no command: this kubelet ignores images")
-        argv = _ported([_mapped(a, mounts) for a in argv], run.ports)
-        cwd = _mapped(spec["workingDir"], mounts) if spec.get("workingDir") else str(run.directory)
+        argv = map_ports([map_paths(a, mounts) for a in argv], run.ports)
+        cwd = map_paths(spec["workingDir"], mounts) if spec.get("workingDir") else str(run.directory)
         return argv, env, cwd
 
     def _mounts(self, run: _PodRun, spec: Body) -> list[tuple[str, str]]:
@@ -606,7 +606,7 @@ class Kubelet(_Loop):
         }
 
 
-def _expand(text: str, env: Mapping[str, str]) -> str:
+def expand_vars(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion: a known variable is replaced, an unknown one kept, ``$$`` is ``$``."""
 
     def one(match: re.Match[str]) -> str:
@@ -617,7 +617,7 @@ def _expand(text: str, env: Mapping[str, str]) -> str:
     return _VAR.sub(one, text)
 
 
-def _mapped(text: str, mounts: Sequence[tuple[str, str]]) -> str:
+def map_paths(text: str, mounts: Sequence[tuple[str, str]]) -> str:
     """``text`` with each mount path that starts a path in it replaced by its directory here."""
     for mount_path, directory in mounts:
         pattern = re.compile(rf"(?<![\w./-]){re.escape(mount_path)}(?![\w.-])")
@@ -625,7 +625,7 @@ def _mapped(text: str, mounts: Sequence[tuple[str, str]]) -> str:
     return text
 
 
-def _ported(argv: list[str], ports: Mapping[int, int]) -> list[str]:
+def map_ports(argv: list[str], ports: Mapping[int, int]) -> list[str]:
     """``--port N`` / ``--port=N`` rewritten to the pod's port for ``N``."""
     out = list(argv)
     for i, arg in enumerate(out):

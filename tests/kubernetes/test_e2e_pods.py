@@ -28,7 +28,7 @@ from tests.agent.agent_processes import AgentProcess
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.gpu_loader.staged_versions import stage
 from tests.kubernetes.conftest import NAMESPACE, VersionedEmulator
-from tests.kubernetes.kubelet import Cluster, pod_ready
+from tests.kubernetes.kubelet import Cluster, expand_vars, map_paths, map_ports, pod_ready
 from tests.kubernetes.test_rbac import NEEDED_ELSEWHERE, InClusterApi, in_cluster  # noqa: F401  # fixture
 from tests.kubernetes.test_rollouts import apply, replicasets, status, verb
 from weightship.schemas import NodeCounters, NodeHeartbeat
@@ -81,6 +81,30 @@ def serving_replicaset(replicas: int, version: str) -> dict[str, Any]:
             },
         },
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("unix:/run/weightship/agent.sock", "unix:/n/run/weightship/agent.sock"),
+        ("/run/weightship", "/n/run/weightship"),
+        ("/run/weightshipper/x", "/run/weightshipper/x"),  # another directory that only starts alike
+        ("/var/run/weightship", "/var/run/weightship"),  # the mount path inside another path
+        ("--dir=/data/m", "--dir=/pod/empty/m"),
+    ],
+)
+def test_the_kubelet_maps_mount_paths_where_they_start_a_path(text: str, expected: str) -> None:
+    mounts = [("/run/weightship", "/n/run/weightship"), ("/data", "/pod/empty")]
+    assert map_paths(text, mounts) == expected
+
+
+def test_the_kubelet_gives_each_declared_port_its_own_and_expands_variables_as_kubernetes_does() -> None:
+    ports = {8000: 41234}
+    assert map_ports(["--port", "8000", "--port=8000", "--port", "9000"], ports) == [
+        "--port", "41234", "--port=41234", "--port", "9000"
+    ]  # fmt: skip
+    env = {"DIR": "/models", "N": "2"}
+    assert expand_vars("$(DIR)/v$(N) $(UNSET) $$(DIR)", env) == "/models/v2 $(UNSET) $(DIR)"
 
 
 async def replicaset_status(server: VersionedEmulator) -> dict[str, Any]:
