@@ -190,3 +190,23 @@ def test_openai_routes_refuse_malformed_bodies(route: str, body: bytes, detail: 
     parse = api.parse_completion if route == "completions" else api.parse_embedding
     with pytest.raises(api.BadRequest, match=detail):
         parse(body)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_transformers_model_loads_onto_cuda_with_its_buffers_and_tied_head(tmp_path: Path) -> None:
+    source = _tiny("llama")
+    source.save_pretrained(tmp_path / "llama")
+    version = stage(tmp_path / "llama", tmp_path / "data", model="llama")
+    with Loader(LoadOptions(checksum_dir=tmp_path / "crc")) as loader:
+        prepared = prepare(loader, version, digest=None, epoch=1, device="cuda:0", dtype=None, verify="full")
+    assert prepared.served is not None, prepared.error
+    built = prepared.served.model
+    assert built is not None
+    module: Any = built.module
+    placed = {t.device.type for t in [*module.parameters(), *module.buffers()]}
+    assert placed == {"cuda"}
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
+    with torch.inference_mode():
+        got = built.logits_module(ids.cuda()).cpu()
+        assert torch.allclose(got, source(input_ids=ids).logits, atol=1e-4)
