@@ -75,7 +75,7 @@ from controlplane.rollouts.steps import SHARE_TOLERANCE, weight_at
 from controlplane.state import AppState
 from weightship.errors import PreconditionFailed, WeightshipError
 from weightship.logs import event
-from weightship.schemas import NodeInfo, VersionState
+from weightship.schemas import NodeInfo, VersionServeMetrics, VersionState
 
 __all__ = ["FleetRolloutDriver", "Outcome", "default_holder"]
 
@@ -117,6 +117,8 @@ class Snapshot:
     nodes: dict[str, int]
     version_bytes: int
     targets: tuple[str, ...] = ()
+    #: the attempt, and each node's count of failed loads of the canary when that attempt began
+    failures_before: tuple[int, dict[str, int]] = (1, {})
 
     def share_for(self, weight: float) -> float:
         """The pointer share written for a step's ``weight``: rounded up to whole nodes (see ``canary_share_for``)."""
@@ -288,14 +290,21 @@ class FleetRolloutDriver:
             pointer, epoch = Pointer.of(deployment), deployment.epoch
             name, model, row_version = row.deployment, deployment.model, row.row_version
             size = version.size if version is not None else 0
+            stored = (row.fleet or {}).get("canary_failures")
         nodes = [n for n in node_infos(self.state, name) if n.role == "node" and not n.stale]
         for node in nodes:
             self._rates.see(node.name, node.counters.bytes_downloaded, node.last_seen)
-        fleet, serving = _fleet(name, spec.version, pointer, nodes)
+        attempt = status.attempt if status is not None else 1
+        if isinstance(stored, dict) and stored.get("attempt") == attempt and isinstance(stored.get("nodes"), dict):
+            before = {str(k): int(v) for k, v in stored["nodes"].items()}
+        else:  # the attempt starts now: failures counted so far are an earlier attempt's
+            before = {node.name: _failures(node, name, spec.version) for node in nodes}
+        fleet, serving = _fleet(name, spec.version, pointer, nodes, before)
         targets = tuple(node.name for node in nodes)
         return Snapshot(
-            rollout_id, name, model, spec, status, row_version, pointer, epoch, fleet, serving, size, targets
-        )
+            rollout_id, name, model, spec, status, row_version, pointer, epoch, fleet, serving, size, targets,
+            (attempt, before),
+        )  # fmt: skip
 
     async def decide(self, snapshot: Snapshot) -> Reconciliation:
         """Run the engine; take the measurements it asks for and run it again with the answers."""
@@ -390,6 +399,7 @@ class FleetRolloutDriver:
             "staged_nodes": snapshot.fleet.staged_nodes,
             "target_nodes": snapshot.fleet.target_nodes,
             "epoch": epoch,
+            "canary_failures": {"attempt": snapshot.failures_before[0], "nodes": snapshot.failures_before[1]},
         }
         values: dict[str, Any] = {
             "status": status.to_dict(),
@@ -423,7 +433,7 @@ class FleetRolloutDriver:
 
 
 def _fleet(
-    deployment: str, version: str, pointer: Pointer, nodes: list[NodeInfo]
+    deployment: str, version: str, pointer: Pointer, nodes: list[NodeInfo], failures_before: dict[str, int]
 ) -> tuple[FleetObservation, dict[str, int]]:
     """The engine's view of the target ``nodes``, and how many serve each digest."""
     staged = assigned = serving_canary = 0
@@ -445,7 +455,7 @@ def _fleet(
         if canary_on and in_canary(deployment, node.name, pointer.canary_share):
             assigned += 1
             if served == version:
-                loaded = _model_servers(node, deployment, version)
+                loaded = _model_servers(node, deployment, version, failures_before.get(node.name, 0))
                 if loaded is _Loaded.REFUSED:
                     refused.append(f"{node.name}: its model server refused the version (failed load or validation)")
                 serving_canary += loaded in (_Loaded.YES, _Loaded.NO_SERVERS)
@@ -460,22 +470,37 @@ class _Loaded(enum.Enum):
     NO_SERVERS = "no-servers"
 
 
-def _model_servers(node: NodeInfo, deployment: str, version: str) -> _Loaded:
+def _serve_counters(node: NodeInfo, deployment: str, version: str) -> tuple[bool, VersionServeMetrics | None]:
+    """Whether any model server on the node reports the deployment, and its counters for ``version``."""
+    reports = [v for v in (node.serve.versions if node.serve else []) if v.deployment == deployment]
+    return bool(reports), next((v for v in reports if v.digest == version), None)
+
+
+def _failures(node: NodeInfo, deployment: str, version: str) -> int:
+    """Failed loads (load error or failed validation) of ``version`` the node's model servers reported."""
+    mine = _serve_counters(node, deployment, version)[1]
+    return mine.validations_failed + mine.load_failures if mine is not None else 0
+
+
+def _model_servers(node: NodeInfo, deployment: str, version: str, failures_before: int) -> _Loaded:
     """Whether the node's model servers loaded ``version``, from the counters its heartbeat carries.
 
     A node whose model servers report nothing for the deployment (none runs, or an external server
     that does not report) counts once its agent switched. Otherwise a load that passed validation
-    counts, as do requests answered with the version (a server that reports no validations); a
-    version whose every load failed (load error, golden check, NaN scan) is refused.
+    counts, as do requests answered with the version (a server that reports no validations). A
+    version that failed to load (load error, golden check, NaN scan) more often than when this
+    attempt of the rollout began, and never loaded, is refused: a refusal from an earlier attempt
+    does not end a retry before its servers try again. Counters that went down (the agent
+    restarted) count whole.
     """
-    reports = [v for v in (node.serve.versions if node.serve else []) if v.deployment == deployment]
-    if not reports:
+    reporting, mine = _serve_counters(node, deployment, version)
+    if not reporting:
         return _Loaded.NO_SERVERS
-    mine = next((v for v in reports if v.digest == version), None)
     if mine is None:
         return _Loaded.NOT_YET
     if mine.validations_passed > 0 or mine.requests > 0:  # validated, or answering requests with it
         return _Loaded.YES
-    if mine.validations_failed > 0 or mine.load_failures > 0:
+    failures = mine.validations_failed + mine.load_failures
+    if failures > failures_before or (failures > 0 and failures < failures_before):
         return _Loaded.REFUSED
     return _Loaded.NOT_YET

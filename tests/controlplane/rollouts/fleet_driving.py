@@ -136,6 +136,10 @@ class SimFleet:
         #: what each node served last: node name -> digest
         self.serving: dict[str, str | None] = {}
         self.since = datetime.now(UTC)
+        #: node -> (failed, passed) loads of the canary its model server reports (see ``converge``)
+        self.canary_loads: dict[str, tuple[int, int]] = {}
+        #: the last version some node was told to serve as canary
+        self.last_canary: str | None = None
 
     def converge(
         self,
@@ -147,12 +151,15 @@ class SimFleet:
 
         Nodes in ``refuse`` or ``loading`` run a model server that reports its counters: it loaded
         every version it served except the canary, which it refused (failed validation) or has not
-        loaded yet. Other nodes report no model server.
+        loaded yet. ``canary_loads`` (node -> failed, passed loads of the canary, as counted since
+        the agent started) says the same for any count. Other nodes report no model server.
         """
+        loads = {**self.canary_loads, **{n: (1, 0) for n in refuse}, **{n: (0, 0) for n in loading}}
         with self.state.sessions() as session:
             row = session.get(DeploymentRow, self.deployment)
             assert row is not None
             wanted = {n.name: desired_deployment(row, n.name) for n in self.nodes}
+            self.last_canary = row.canary or self.last_canary
         for node in self.nodes:
             desired = wanted[node.name]
             blocked = (disk_full or {}).get(node.name)
@@ -174,13 +181,16 @@ class SimFleet:
             self.serving[node.name] = serving
             stable = desired.keep[0]  # the pointer's stable version comes first
             versions = [VersionServeMetrics(deployment=self.deployment, digest=stable, validations_passed=1, instances=1)]
-            if node.name in refuse and desired.role == "canary":
-                versions.append(VersionServeMetrics(deployment=self.deployment, digest=desired.digest,
-                                                    validations_failed=1, instances=1))  # fmt: skip
+            failed, passed = loads.get(node.name, (0, 0))
+            # Counters are kept per version since the agent started, whatever the node serves now.
+            if (failed or passed) and self.last_canary is not None:
+                versions.append(VersionServeMetrics(deployment=self.deployment, digest=self.last_canary,
+                                                    validations_failed=failed, validations_passed=passed,
+                                                    instances=1))  # fmt: skip
             report = NodeHeartbeat(
                 inventory=inventory,
                 deployments=[DeploymentState(name=self.deployment, digest=serving, epoch=desired.epoch)],
-                serve=NodeServeMetrics(since=self.since, versions=versions) if node.name in {*refuse, *loading} else None,
+                serve=NodeServeMetrics(since=self.since, versions=versions) if node.name in loads else None,
             )
             beat = record_heartbeat(self.state, node.id, node.name, report)
             assert self.loop is not None

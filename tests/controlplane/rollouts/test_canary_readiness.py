@@ -104,6 +104,25 @@ def test_fleet_driver_rolls_back_a_canary_whose_model_server_refused_it(world: W
     assert (world.pointer()["stable"], world.pointer()["canary"]) == (world.versions["v1"], None)
 
 
+def test_a_retry_after_a_refusal_waits_for_the_servers_to_load_the_canary_again(world: World, hook: Hook) -> None:  # noqa: F811
+    hook.answers = {"quality": [0.0]}
+    created = world.start(_spec(hook))
+    tick(world.cp)
+    refusing = _canary_nodes(world)
+    assert "CanaryRefused" in world.run(refuse=refusing)["message"]
+    tick(world.cp)  # back on stable
+
+    assert world.act(created["id"], "retry").status_code == 200
+    # The servers still report the earlier refusal (1 failed load) until they load the canary again.
+    world.fleet.canary_loads = {name: (1, 0) for name in refusing}
+    assert world.run(rounds=4)["phase"] == "Progressing", "an earlier attempt's refusal ended the retry"
+    world.fleet.canary_loads = {name: (1, 1) for name in refusing}  # loaded this time
+    rollout = world.run(rounds=12)
+
+    assert rollout["completed"], rollout
+    assert rollout["phase"] == "Healthy", rollout
+
+
 def test_fleet_driver_fails_a_canary_that_never_loads_within_the_deadline(world: World, hook: Hook) -> None:  # noqa: F811
     hook.answers = {"quality": [0.0]}
     world.start(_spec(hook))
