@@ -227,9 +227,9 @@ class Traffic:
         try:
             url = self.cluster.endpoint(name)
             answer = await self.http.post(url + "/v1/generate", json=PROMPT)
-        except (KeyError, httpx.TransportError):
+            got = str(answer.json()["digest"]) if answer.status_code == 200 else f"HTTP {answer.status_code}"
+        except (KeyError, ValueError, httpx.TransportError):  # not (or no longer) run by a kubelet, or stopping
             return None
-        got = str(answer.json()["digest"]) if answer.status_code == 200 else f"HTTP {answer.status_code}"
         self.answers.append((name, made_for, got))
         return name, made_for, got
 
@@ -243,7 +243,7 @@ class Traffic:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(aiohttp.ClientError):
+            with contextlib.suppress(aiohttp.ClientError, httpx.HTTPError, ValueError):  # a pod going away mid-request
                 await self.survey()
             await asyncio.sleep(0.1)  # ok-sleep: the clients' request rate
 
