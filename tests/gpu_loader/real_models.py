@@ -15,6 +15,7 @@ command that installs it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shutil
 import zipfile
@@ -88,8 +89,14 @@ class RealModels:
     smollm: Path
 
 
+@functools.cache
+def _made(root: Path) -> RealModels:
+    root.mkdir(parents=True, exist_ok=True)
+    return RealModels(minilm=minilm_dir(root), smollm=smollm_dir(root))
+
+
 @pytest.fixture(scope="session")
 def real_models(tmp_path_factory: pytest.TempPathFactory) -> RealModels:
-    """Both real models, extracted and converted once per test session."""
-    root = tmp_path_factory.mktemp("real-models")
-    return RealModels(minilm=minilm_dir(root), smollm=smollm_dir(root))
+    """Both real models, extracted and converted once per test session (every module that imports
+    this fixture gets the same directories)."""
+    return _made(tmp_path_factory.getbasetemp() / "real-models")
