@@ -173,6 +173,8 @@ class Fanout:
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
         self.cp_url = ""
         self.token = ""
+        #: the cache enrols with a token minted for its role
+        self.cache_token = ""
         self.digest = ""
         self.cp_proc: subprocess.Popen[bytes] | None = None
 
@@ -209,6 +211,7 @@ class Fanout:
                     self.work / "model", MODEL, ["v1"], chunk_size=self.args.chunk
                 ).version
                 self.token = client.create_token("fanout-agents", "agent").token
+                self.cache_token = client.create_token("fanout-cache", "agent", node_role="cache").token
         shutil.rmtree(self.work / "model")
         self.digest = version.digest
         return int(version.size)
@@ -335,7 +338,7 @@ class Fanout:
         cache_url = f"http://{cache.ip}:{PEER_PORT}"
         cache_flags = [
             "--role", "cache", "--tier", "cluster", "--peer-listen", f"0.0.0.0:{PEER_PORT}",
-            "--peer-address", cache_url, *self.args.cache_flag,
+            "--peer-address", cache_url, "--token", self.cache_token, *self.args.cache_flag,
         ]  # fmt: skip
         proc = self.start_agent("cache", "b-cache", None, cache_flags)
         try:

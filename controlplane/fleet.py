@@ -55,13 +55,13 @@ from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
 from controlplane.deployments import to_schema
-from controlplane.persistence.db import DeploymentRow, NodeRow, VersionRow, utcnow
+from controlplane.persistence.db import DeploymentRow, NodeRow, TokenRow, VersionRow, utcnow
 from controlplane.persistence.heartbeats import HeartbeatWrite
 from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, unknown_node
 from controlplane.state import AppState
 from controlplane.tokens import active_node_token, mint_node_token
 from weightship.digests import sha256_hex
-from weightship.errors import ConflictError, NotFoundError, ValidationError
+from weightship.errors import ConflictError, ForbiddenError, NotFoundError, ValidationError
 from weightship.schemas import (
     DeploymentStatus,
     DesiredDeployment,
@@ -197,22 +197,40 @@ def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
 # --- node routes ---------------------------------------------------------------------------------
 
 
-def register_node(state: AppState, body: NodeRegistration, enrol_by: str | None = None) -> NodeInfo | NodeEnrolment:
-    """Create or update the node called ``body.name``; with ``enrol_by``, also mint its node token."""
+def register_node(
+    state: AppState,
+    body: NodeRegistration,
+    enrol_by: str | None = None,
+    *,
+    token_id: str | None = None,
+    trusted: bool = True,
+) -> NodeInfo | NodeEnrolment:
+    """Create or update the node called ``body.name``; with ``enrol_by``, also mint its node token.
+
+    ``token_id`` is the enrolment token enrolling (its scope and node role become the node's);
+    ``trusted`` is false for a node re-registering itself with its node token: then an enrolled
+    node's role and labels stay what enrolment fixed (a different role is refused, 403).
+    """
     proposed = body.token if isinstance(body, NodeEnrolRequest) else None
     if body.role not in _NODE_ROLES:
         raise ValidationError(f"node role must be one of {', '.join(_NODE_ROLES)}; got {body.role!r}")
     for attempt in range(2):
         now = utcnow()
         with state.sessions() as session:
+            scope = _enrolment_scope(session, token_id, body) if enrol_by else None
             query = select(NodeRow).where(NodeRow.name == body.name)
             row = session.scalars(query.with_for_update() if enrol_by else query).first()
             created = row is None
             if row is None:
-                row = NodeRow(id=uuid.uuid4().hex, name=body.name, registered_at=now, report={})
+                row = NodeRow(id=uuid.uuid4().hex, name=body.name, registered_at=now, report={}, enrolled=False)
                 session.add(row)
-            row.labels = body.labels.model_dump(mode="json")
-            row.role = body.role
+            if enrol_by:
+                row.enrolled, row.assigned = True, scope
+            if trusted or not row.enrolled:
+                row.labels = body.labels.model_dump(mode="json")
+                row.role = body.role
+            else:
+                _keep_enrolled(row, body)
             row.address = body.address
             row.deployments = list(dict.fromkeys(body.deployments))
             row.last_seen = now
@@ -235,6 +253,42 @@ def register_node(state: AppState, body: NodeRegistration, enrol_by: str | None 
             log.info("node_enrolled node=%s node_id=%s token_id=%s by=%s", row.name, row.id, minted[0], enrol_by)
             return NodeEnrolment(node=info, token_id=minted[0], token=minted[1])
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _enrolment_scope(session: Session, token_id: str | None, body: NodeRegistration) -> list[str] | None:
+    """The deployments an enrolment token assigns its nodes (``None``: all); refuses a role it was not minted for.
+
+    An admin enrolling (no ``token_id``) assigns every deployment and any role.
+    """
+    token = session.get(TokenRow, token_id) if token_id else None
+    if token is None:
+        return None
+    bound = token.node_role or "node"
+    if body.role != bound:
+        log.warning("node_enrol_role_refused node=%s role=%s token_id=%s token_role=%s", body.name, body.role,
+                    token.id, bound)  # fmt: skip
+        raise ForbiddenError(
+            f"enrolment token {token.name!r} enrols nodes of role {bound!r}, not {body.role!r}: a role is bound "
+            f"to the token minted for it; an admin mints one ('weightship token create NAME --role agent "
+            f"--node-role {body.role}')",
+            code="enrolment_role_refused",
+            fields={"token": token.name, "role": body.role, "token_role": bound},
+        )
+    return None if token.deployments is None else list(token.deployments)
+
+
+def _keep_enrolled(row: NodeRow, body: NodeRegistration) -> None:
+    """A node re-registering itself keeps the role and labels its enrolment fixed."""
+    if body.role != row.role:
+        raise ForbiddenError(
+            f"node {row.name!r} was enrolled as role {row.role!r} and cannot re-register as {body.role!r}: a role is "
+            "bound to the enrolment token minted for it; enrol the machine again with such a token",
+            code="role_fixed",
+            fields={"node": row.name, "role": row.role, "role_asked": body.role},
+        )
+    labels = body.labels.model_dump(mode="json")
+    if labels != (row.labels or {}):
+        log.warning("node_labels_fixed node=%s node_id=%s action=kept_enrolled_labels", row.name, row.id)
 
 
 def _enrol(session: Session, row: NodeRow, by: str, proposed: str | None) -> tuple[str, str]:

@@ -6,14 +6,30 @@ it wants (``POST /v1/tickets``); peers, caches and the tracker check the ticket'
 with the public keys (``GET /v1/tickets/keys``, also in every grant) and never call back. The
 format and its checks are ``weightship.tickets``.
 
-**Who is entitled to what.** A version is granted only when it is ready and
+**Who is entitled to what.** Entitlement follows from what an operator assigned the node, never
+from what it claims when it registers. A node's *assigned* deployments are its enrolment token's
+scope (``weightship token create NAME --role agent --deployment chat``), fixed at enrolment; an
+unscoped enrolment token (the default, and the chart's bootstrap token) or an admin enrolling
+assigns every deployment. Its role and labels are fixed at enrolment too: ``cache`` only from a
+token minted with ``--node-role cache``. A version is granted only when it is ready and
 
-- role ``node``: some deployment the node registered for names it in its pointer (stable,
-  previous stable or canary: the versions it keeps on disk);
-- role ``cache``: any deployment's pointer names it (a cache serves the whole cluster or region);
+- role ``node``: some deployment the node registered for *and* was assigned names it in its
+  pointer (stable, previous stable or canary: the versions it keeps on disk). A node may still
+  say which deployments it wants to follow (an agent staging what its pods ask for), but wanting
+  one it was not assigned gets it nothing;
+- role ``cache``: an assigned deployment's pointer names it (unscoped: any pointer; a cache serves
+  the whole cluster or region);
 - either role: staging asks it of the node (``controlplane.staging``: a preheat or a warm pool
-  matching the node; a cache, any preheated version), so staged versions come through peers and
-  caches too.
+  matching the labels enrolment fixed; a cache, any preheated version), limited to the models of
+  its assigned deployments when it has a scope.
+
+The same rule issues origin blob URLs (``entitled_blobs``): a node token gets URLs only for blobs
+of versions it is entitled to; an enrolment token gets none.
+
+**Audience.** A node asks for a ticket for what one fetch needs (the version it fetches) and names
+the ``audience``: the node (peer, cache or tracker) it will send it to. Peers, caches and the
+tracker accept only tickets naming themselves, so a ticket harvested by a hostile peer opens
+nothing anywhere else.
 
 Anything else in the request refuses the whole request (403), naming the versions refused, so a
 node never holds a ticket wider than it should and a bug asking for too much is loud. Only node
@@ -37,9 +53,11 @@ from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
 from controlplane.persistence.db import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
+from controlplane.persistence.store import manifest_key
 from controlplane.staging import staged_digests
 from controlplane.state import AppState, SigningKeys
 from weightship.errors import ForbiddenError, NotFoundError
+from weightship.manifest import MAX_MANIFEST_BYTES, parse_manifest
 from weightship.schemas import TicketGrant
 from weightship.tickets import (
     Ticket,
@@ -51,7 +69,15 @@ from weightship.tickets import (
     sign_ticket,
 )
 
-__all__ = ["KEY_REFRESH_SECONDS", "SigningKeys", "entitled_versions", "issue_ticket", "signing_key"]
+__all__ = [
+    "KEY_REFRESH_SECONDS",
+    "SigningKeys",
+    "entitled_blobs",
+    "entitled_deployments",
+    "entitled_versions",
+    "issue_ticket",
+    "signing_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +134,31 @@ def signing_key(state: AppState) -> SigningKeys:
     return cached
 
 
+def entitled_deployments(node: NodeRow) -> list[str] | None:
+    """The deployments whose pointers entitle ``node``; ``None``: every deployment (an unscoped cache).
+
+    A node: those it registered for that it was also assigned. A cache: those it was assigned.
+    """
+    assigned = node.assigned
+    if node.role == "cache":
+        return None if assigned is None else list(assigned)
+    wanted = list(node.deployments or ())
+    return wanted if assigned is None else [d for d in wanted if d in set(assigned)]
+
+
 def entitled_versions(session: Session, node: NodeRow) -> set[str]:
     """Every version some pointer the node may fetch for names, or staging asks of it (before the ready check)."""
     staged = staged_digests(session, node.labels or {}, node.role)
+    if node.assigned is not None and staged:
+        models = select(DeploymentRow.model).where(DeploymentRow.name.in_(list(node.assigned)))
+        staged = set(session.scalars(select(VersionRow.digest).where(VersionRow.digest.in_(staged),
+                                                                     VersionRow.model.in_(models))))  # fmt: skip
+    deployments = entitled_deployments(node)
     query = select(DeploymentRow)
-    if node.role != "cache":
-        if not node.deployments:
+    if deployments is not None:
+        if not deployments:
             return staged
-        query = query.where(DeploymentRow.name.in_(list(node.deployments)))
+        query = query.where(DeploymentRow.name.in_(deployments))
     return staged | {
         digest
         for row in session.scalars(query)
@@ -124,8 +167,40 @@ def entitled_versions(session: Session, node: NodeRow) -> set[str]:
     }
 
 
-def issue_ticket(state: AppState, node_id: str, versions: list[str], now: float | None = None) -> TicketGrant:
-    """A ticket naming node ``node_id`` and ``versions``, or ``ForbiddenError`` naming what it may not have."""
+#: blob sha256s of each version's manifest (immutable: the digest names the content), bounded
+_BLOBS: dict[str, frozenset[str]] = {}
+_MAX_BLOB_SETS = 4096
+
+
+def _blobs_of(state: AppState, digest: str) -> frozenset[str]:
+    found = _BLOBS.get(digest)
+    if found is None:
+        manifest = parse_manifest(state.store.get_bytes(manifest_key(digest), MAX_MANIFEST_BYTES))
+        if manifest.digest != digest:
+            raise ForbiddenError(f"the stored manifest of {digest} does not hash to it; the origin store is corrupt")
+        found = frozenset(f.sha256 for f in manifest.files)
+        if len(_BLOBS) >= _MAX_BLOB_SETS:
+            _BLOBS.clear()
+        _BLOBS[digest] = found
+    return found
+
+
+def entitled_blobs(state: AppState, node_id: str) -> set[str]:
+    """The blobs (file sha256) of every ready version node ``node_id`` is entitled to."""
+    with state.sessions() as session:
+        node = session.get(NodeRow, node_id)
+        if node is None:
+            raise NotFoundError(f"node {node_id!r} is not registered; its agent registers again on its next start")
+        entitled = entitled_versions(session, node)
+        ready = list(session.scalars(select(VersionRow.digest).where(VersionRow.digest.in_(entitled),
+                                                                     VersionRow.state == "ready")))  # fmt: skip
+    return {blob for digest in ready for blob in _blobs_of(state, digest)}
+
+
+def issue_ticket(
+    state: AppState, node_id: str, versions: list[str], now: float | None = None, audience: str | None = None
+) -> TicketGrant:
+    """A ticket naming node ``node_id``, ``versions`` and ``audience``, or ``ForbiddenError`` naming what it may not have."""
     wanted = sorted(set(versions))
     with state.sessions() as session:
         node = session.get(NodeRow, node_id)
@@ -141,7 +216,8 @@ def issue_ticket(state: AppState, node_id: str, versions: list[str], now: float 
         log.warning("ticket_refused node=%s role=%s refused=%s", name, role, ",".join(refused))
         raise ForbiddenError(
             f"node {name!r} (role {role}) is not entitled to {', '.join(refused)}: a node gets tickets only for "
-            "ready versions that a pointer of a deployment it registered for names (a cache: any pointer)",
+            "ready versions that a pointer of a deployment it registered for and was assigned names (a cache: any "
+            "assigned deployment's pointer); an admin assigns deployments with the enrolment token's scope",
             fields={"refused": ",".join(refused)},
         )
     keys = signing_key(state)
@@ -152,13 +228,16 @@ def issue_ticket(state: AppState, node_id: str, versions: list[str], now: float 
         versions=frozenset(wanted),
         iat=issued,
         exp=issued + state.settings.ticket_ttl_seconds,
+        aud=audience,
     )
     token = sign_ticket(keys.private, ticket)
-    log.info("ticket_issued node=%s versions=%d kid=%s exp=%d", name, len(wanted), keys.kid, ticket.exp)
+    log.info("ticket_issued node=%s versions=%d audience=%s kid=%s exp=%d", name, len(wanted), audience, keys.kid,
+             ticket.exp)  # fmt: skip
     return TicketGrant(
         ticket=token,
         node=name,
         versions=wanted,
+        audience=audience,
         expires_at=datetime.fromtimestamp(ticket.exp, UTC),
         keys=dict(keys.public),
     )

@@ -129,6 +129,8 @@ def token_info(row: TokenRow) -> TokenInfo:
         created_at=row.created_at,
         created_by=row.created_by,
         node_id=row.node_id,
+        deployments=row.deployments,
+        node_role=row.node_role,
     )
 
 

@@ -416,6 +416,7 @@ def main() -> None:
             operator = root.create_token("demo-operator", Role.operator).token
             # An enrolment token: each agent enrols with it once and then uses its own node token.
             agent_token = root.create_token("demo-enrolment", Role.agent).token
+            cache_token = root.create_token("demo-cache-enrolment", Role.agent, node_role="cache").token
 
         # 2. Three versions of a real safetensors model; v2 and v3 redraw only the last shard, v3 is broken.
         t0 = time.monotonic()
@@ -473,7 +474,7 @@ def main() -> None:
         first = start_rollout(cp_url, operator, "v1", work, args.canary_weight, steps=False, analysis=analysis)
         wait_until("the v1 rollout to make v1 stable", lambda: ops.get_rollout(DEPLOYMENT, first).completed)
         rollouts.append({"version": "v1", "phase": ops.get_rollout(DEPLOYMENT, first).phase, "steps": 0})
-        cache_url = start_cache(procs, work, cp_url, agent_token, env)
+        cache_url = start_cache(procs, work, cp_url, cache_token, env)
         console.print(f"cluster cache (and the cluster's tracker) at {cache_url}, reading from the origin")
         ports = [free_port() for _ in range(args.agents)]
         for i, port in enumerate(ports):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console, Group, RenderableType
@@ -453,11 +453,32 @@ def token_create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Who or what the token is for.", show_default=False)],
     role: Annotated[Role, typer.Option("--role", "-r", help="What it may do.", show_default=False)],
+    deployment: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--deployment",
+            "-d",
+            help="Enrolment tokens (--role agent): a deployment the nodes it enrols are assigned; repeat for more. "
+            "Without it: every deployment.",
+            show_default=False,
+        ),
+    ] = None,
+    node_role: Annotated[
+        str | None,
+        typer.Option(
+            "--node-role",
+            help="Enrolment tokens (--role agent): the role the nodes it enrols get, node or cache. Default: node.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Mint a token; its secret is printed once."""
     run = _run(ctx)
+    if node_role not in (None, "node", "cache"):
+        raise typer.BadParameter(f"--node-role must be node or cache, not {node_role!r}")
+    bound: Literal["node", "cache"] | None = "cache" if node_role == "cache" else "node" if node_role else None
     with run.client() as client:
-        created = client.create_token(name, role)
+        created = client.create_token(name, role, deployments=deployment or None, node_role=bound)
     _out(run, created, lambda: display.token_created(created))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -368,9 +368,20 @@ class Client:
 
     # --- tokens --------------------------------------------------------------------------------
 
-    def create_token(self, name: str, role: Role | str) -> TokenCreated:
-        """Mint a token; its secret is in the answer and nowhere else."""
-        body = TokenCreate(name=name, role=Role(role))
+    def create_token(
+        self,
+        name: str,
+        role: Role | str,
+        *,
+        deployments: list[str] | None = None,
+        node_role: Literal["node", "cache"] | None = None,
+    ) -> TokenCreated:
+        """Mint a token; its secret is in the answer and nowhere else.
+
+        For an enrolment token (role ``agent``): ``deployments`` assigns the nodes it enrols (None: all),
+        ``node_role`` the role they get (``cache`` only from a token minted so).
+        """
+        body = TokenCreate(name=name, role=Role(role), deployments=deployments, node_role=node_role)
         return parse(TokenCreated, self.session.send("POST", "/v1/tokens", json=body))
 
     def whoami(self) -> TokenInfo:

@@ -724,6 +724,14 @@ class TokenCreate(_Schema):
 
     name: str = Field(min_length=1, max_length=128)
     role: Role
+    deployments: list[Name] | None = Field(
+        default=None,
+        max_length=256,
+        description="agent enrolment tokens only: the deployments the nodes it enrols are assigned (null: all)",
+    )
+    node_role: Literal["node", "cache"] | None = Field(
+        default=None, description="agent enrolment tokens only: the role the nodes it enrols get (null: node)"
+    )
 
 
 class TokenInfo(_Schema):
@@ -735,6 +743,8 @@ class TokenInfo(_Schema):
     created_at: datetime
     created_by: str
     node_id: str | None = Field(default=None, description="the node a node token acts for")
+    deployments: list[str] | None = Field(default=None, description="an enrolment token's scope (null: all)")
+    node_role: str | None = Field(default=None, description="the role an enrolment token's nodes get (null: node)")
 
 
 class TokenCreated(_Schema):
@@ -753,6 +763,10 @@ class TicketRequest(_Schema):
     """A node asks for a ticket naming itself and these versions."""
 
     versions: list[Digest] = Field(min_length=1, max_length=256)
+    audience: Name | None = Field(
+        default=None,
+        description="the node (peer, cache or tracker) the ticket will be sent to; only it accepts the ticket",
+    )
 
 
 class TicketKeys(_Schema):
@@ -767,6 +781,7 @@ class TicketGrant(_Schema):
     ticket: str = Field(description="send as 'Authorization: Ticket <ticket>' to peers, caches and the tracker")
     node: Name
     versions: list[Digest]
+    audience: str | None = None
     expires_at: datetime
     keys: dict[str, str] = Field(description="key id -> raw ed25519 public key, base64url")
 

@@ -4,18 +4,22 @@ A ticket is ``base64url(payload) + "." + base64url(signature)`` (no padding), wh
 is canonical JSON (sorted keys, no whitespace, UTF-8)::
 
     {"v": 1, "kid": "<key id>", "node": "<node name>", "versions": ["sha256:…", …],
-     "iat": <issued at, unix s>, "exp": <expires at, unix s>}
+     "aud": "<node name>", "iat": <issued at, unix s>, "exp": <expires at, unix s>}
 
 and ``signature`` is the ed25519 signature of exactly those payload bytes by the control plane's
 key ``kid``. Peers, caches and the tracker check a ticket *offline*: with the public keys they got
 at registration (or from ``GET /v1/tickets/keys``), no control-plane call per chunk.
 
-What a ticket is, and is not: a **bearer capability bound to a node name**. It names the node it
-was issued to, but a peer cannot tell who connects (no mTLS), so whoever holds the string can use
-it until ``exp``. That is why tickets are short-lived (10 minutes by default), cover only the
-versions the node is entitled to, and why the tracker refuses an announce whose ``node`` differs
-from the ticket's node: a stolen ticket lets its thief download what that node could, for
-minutes, and never lets it pose as another node in the swarm.
+What a ticket is, and is not: a **bearer capability bound to a node name and an audience**. It
+names the node it was issued to, but a peer cannot tell who connects (no mTLS), so whoever holds
+the string can use it until ``exp``. So a ticket names its ``aud``: the one node (peer, cache or
+tracker) it is sent to, which accepts it only when ``aud`` is its own name
+(``Ticket.require_audience``); a ticket is asked for what one fetch needs (the version being
+fetched); tickets are short-lived (10 minutes by default); and the tracker refuses an announce
+whose ``node`` differs from the ticket's node. A ticket harvested by the peer it was sent to opens
+nothing at any other peer or cache, and never lets its holder pose as another node in the swarm.
+``aud`` is left out of the payload when a ticket has none (such a ticket is accepted nowhere
+that checks the audience).
 
 Errors map onto HTTP like this: no ticket (``TicketMissing``) or one that does not parse or
 verify (``TicketInvalid``) is 401; a valid ticket that expired (``TicketExpired``) or does not
@@ -49,6 +53,7 @@ __all__ = [
     "TicketInvalid",
     "TicketMissing",
     "TicketNotCovering",
+    "TicketWrongAudience",
     "key_id",
     "load_private_key",
     "load_public_key",
@@ -95,6 +100,12 @@ class TicketNotCovering(ForbiddenError):
     code = "ticket_not_covering"
 
 
+class TicketWrongAudience(ForbiddenError):
+    """A genuine ticket issued for another audience (403): a ticket is good only where it was sent."""
+
+    code = "ticket_wrong_audience"
+
+
 @dataclass(frozen=True, slots=True)
 class Ticket:
     """The payload of a ticket: who it was issued to, for which versions, and when it lapses."""
@@ -104,10 +115,12 @@ class Ticket:
     versions: frozenset[str]
     iat: int
     exp: int
+    #: the node the ticket is sent to (a peer, cache or tracker): the only one that accepts it
+    aud: str | None = None
 
     def payload(self) -> dict[str, Any]:
         """The JSON object that is signed (versions sorted, so equal tickets sign equal bytes)."""
-        return {
+        body: dict[str, Any] = {
             "v": _VERSION,
             "kid": self.kid,
             "node": self.node,
@@ -115,6 +128,18 @@ class Ticket:
             "iat": self.iat,
             "exp": self.exp,
         }
+        if self.aud is not None:
+            body["aud"] = self.aud
+        return body
+
+    def require_audience(self, me: str) -> None:
+        """Raise ``TicketWrongAudience`` unless the ticket was issued to be sent to the node ``me``."""
+        if self.aud != me:
+            raise TicketWrongAudience(
+                f"ticket of node {self.node!r} is for audience {self.aud!r}, not this node ({me!r}); a ticket is "
+                f"good only at the node it was issued for: the requester asks the control plane for one naming "
+                f"{me!r} (POST /v1/tickets with audience)"
+            )
 
     def covers(self, version: str) -> bool:
         """Whether the ticket names ``version``."""
@@ -214,12 +239,14 @@ def _parse_payload(body: bytes) -> Ticket:
         raise TicketInvalid("ticket payload is not JSON") from exc
     if not isinstance(obj, dict) or obj.get("v") != _VERSION:
         raise TicketInvalid(f"ticket payload is not a version-{_VERSION} ticket")
-    kid, node, iat, exp = obj.get("kid"), obj.get("node"), obj.get("iat"), obj.get("exp")
+    kid, node, iat, exp, aud = obj.get("kid"), obj.get("node"), obj.get("iat"), obj.get("exp"), obj.get("aud")
     if not (isinstance(kid, str) and isinstance(node, str) and node):
         raise TicketInvalid("ticket payload lacks 'kid' or 'node'")
+    if aud is not None and not (isinstance(aud, str) and aud):
+        raise TicketInvalid("ticket payload 'aud' must be a node name")
     if not (isinstance(iat, int) and isinstance(exp, int)) or isinstance(iat, bool) or isinstance(exp, bool):
         raise TicketInvalid("ticket payload 'iat' and 'exp' must be integers (unix seconds)")
-    return Ticket(kid=kid, node=node, versions=frozenset(_string_list(obj.get("versions"))), iat=iat, exp=exp)
+    return Ticket(kid=kid, node=node, versions=frozenset(_string_list(obj.get("versions"))), iat=iat, exp=exp, aud=aud)
 
 
 def verify_ticket(token: str | None, public_keys: Mapping[str, Ed25519PublicKey], now: float) -> Ticket:

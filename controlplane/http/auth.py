@@ -1,7 +1,8 @@
 """FastAPI dependencies that authenticate the caller and admit roles (``controlplane.auth`` holds the rules).
 
 Every ``/v1`` route declares the roles it admits with ``require(...)``; node routes use
-``require_node`` and enrolment ``require_enrolment``. The caller is looked up in the process's
+``require_node`` and enrolment ``require_enrolment``. An enrolment token (an ``agent`` token bound
+to no node) passes ``require_enrolment`` only: every other route refuses it (403). The caller is looked up in the process's
 token cache first (``controlplane.authcache``), then in the database off the event loop.
 """
 
@@ -40,6 +41,13 @@ def require(*roles: Role) -> Callable[[Request], Awaitable[Principal]]:
         principal = await _principal(request)
         if principal.role not in allowed:
             raise refuse_role(principal, allowed)
+        if principal.is_enrolment:
+            raise ForbiddenError(
+                f"token {principal.name!r} is an enrolment token: it can enrol a node (POST /v1/nodes/enrol) and "
+                "nothing else; use the node token that enrolment returned",
+                code="enrolment_token_cannot_act",
+                fields={"token": principal.name},
+            )
         return principal
 
     return dependency

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 from typing import Annotated, Any
@@ -26,6 +27,7 @@ from weightship.schemas import (
     NodeHeartbeat,
     NodeInfo,
     NodeRegistration,
+    Role,
 )
 
 __all__ = ["router"]
@@ -53,7 +55,10 @@ async def enrol(
 ) -> NodeEnrolment:
     """Enrol a node with an enrolment token: register it and return its node token, once (409 if enrolled)."""
     state = state_of(request)
-    enrolment = await run_in_threadpool(register_node, state, body, principal.name)
+    token_id = principal.token_id if principal.is_enrolment else None  # an admin enrols any role, unscoped
+    enrolment = await run_in_threadpool(
+        functools.partial(register_node, state, body, principal.name, token_id=token_id)
+    )
     assert isinstance(enrolment, NodeEnrolment)
     state.metrics.node_registrations.inc()
     return enrolment
@@ -66,7 +71,7 @@ async def register(
     """Re-register a node with its own node token (same id; labels and deployments replaced)."""
     ensure_acts_for(principal, name=body.name)
     state = state_of(request)
-    info = await run_in_threadpool(register_node, state, body)
+    info = await run_in_threadpool(functools.partial(register_node, state, body, trusted=principal.role == Role.admin))
     assert isinstance(info, NodeInfo)
     state.metrics.node_registrations.inc()
     return info

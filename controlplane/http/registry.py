@@ -7,7 +7,8 @@ All under ``/v1``:
 - ``GET /models/{model}/versions/{ref}/manifest`` — the manifest bytes exactly as stored, checked
   against the digest on the way out, ``ETag`` = the digest (``If-None-Match`` gives 304);
 - ``POST /models/{model}/labels`` — publisher;
-- ``POST /blobs/urls`` — agent or operator: short-lived read URLs, presigned S3 GETs or, for the
+- ``POST /blobs/urls`` — operator, or a node token for blobs of versions its node is entitled to
+  (never an enrolment token): short-lived read URLs, presigned S3 GETs or, for the
   local store, ``GET /blobs/{sha256}?expires=&sig=`` served here with HTTP range support and no
   token (the HMAC signature authorises it; ``persistence.store.signing``).
 """
@@ -37,8 +38,9 @@ from controlplane.registry import (
     resolve_version,
     version_info,
 )
+from controlplane.tickets import entitled_blobs
 from weightship.digests import is_hex
-from weightship.errors import ConflictError, NotFoundError
+from weightship.errors import ConflictError, ForbiddenError, NotFoundError
 from weightship.manifest import (
     MAX_MANIFEST_BYTES,
     check_manifest_bytes,
@@ -190,12 +192,28 @@ def add_label(
         return version_info(session, resolve_version(session, model, body.digest))
 
 
-@router.post("/blobs/urls", response_model=BlobURLs)
+@router.post("/blobs/urls", response_model=BlobURLs, responses=errors(403))
 def blob_urls(
-    body: BlobURLRequest, request: Request, _principal: Principal = Depends(require(Role.agent, Role.operator))
+    body: BlobURLRequest, request: Request, principal: Principal = Depends(require(Role.agent, Role.operator))
 ) -> BlobURLs:
-    """Short-lived read URLs for blobs: presigned S3 GETs, or signed URLs served by this API."""
+    """Short-lived read URLs for blobs: presigned S3 GETs, or signed URLs served by this API.
+
+    A node token gets URLs only for blobs of versions its node is entitled to
+    (``controlplane.tickets.entitled_blobs``); any other blob refuses the request (403).
+    """
     state = state_of(request)
+    if principal.role == Role.agent and principal.node_id is not None:
+        refused = sorted(set(body.blobs) - entitled_blobs(state, principal.node_id))
+        if refused:
+            log.warning("blob_urls_refused node=%s refused=%d first=%s", principal.node_name, len(refused), refused[0])
+            raise ForbiddenError(
+                f"node {principal.node_name!r} is not entitled to blob {refused[0]}"
+                + (f" and {len(refused) - 1} more" if len(refused) > 1 else "")
+                + ": blob URLs are issued only for versions a pointer of a deployment the node was assigned "
+                "names (or staging asks of it)",
+                code="blob_not_entitled",
+                fields={"refused": ",".join(refused[:16])},
+            )
     ttl = int(state.settings.blob_url_ttl_seconds)
     now = time.time()
     expires = int(now) + ttl

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
@@ -34,7 +36,9 @@ async def create_ticket(
 ) -> TicketGrant:
     """A ticket for the calling node itself (node token only), for versions it is entitled to."""
     assert principal.node_id is not None
-    return await run_in_threadpool(issue_ticket, state_of(request), principal.node_id, body.versions)
+    return await run_in_threadpool(
+        functools.partial(issue_ticket, state_of(request), principal.node_id, body.versions, audience=body.audience)
+    )
 
 
 @router.get("/keys", response_model=TicketKeys)

@@ -13,7 +13,7 @@ from controlplane.http.auth import require
 from controlplane.http.problems import errors
 from controlplane.persistence.db import TokenRow
 from controlplane.tokens import announce_revoked, new_token_row, token_info
-from weightship.errors import NotFoundError
+from weightship.errors import NotFoundError, ValidationError
 from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo
 
 __all__ = ["router"]
@@ -28,12 +28,21 @@ def create_token(
     body: TokenCreate, request: Request, principal: Principal = Depends(require(Role.admin))
 ) -> TokenCreated:
     """Mint a token for a role; the secret is in this response only."""
+    if (body.deployments is not None or body.node_role is not None) and body.role != Role.agent:
+        raise ValidationError(
+            f"deployments and node_role scope an enrolment token (role agent), not a {body.role.value} token: "
+            "drop them, or mint an agent token",
+            code="scope_needs_agent",
+        )
     secret = new_secret()
     row = new_token_row(body.name, body.role, secret, principal.name)
+    row.deployments = None if body.deployments is None else list(dict.fromkeys(body.deployments))
+    row.node_role = body.node_role
     with state_of(request).sessions() as session:
         session.add(row)
         session.commit()
-    log.info("token_created token_id=%s name=%r role=%s by=%s", row.id, row.name, row.role, principal.name)
+    log.info("token_created token_id=%s name=%r role=%s deployments=%s node_role=%s by=%s", row.id, row.name,
+             row.role, row.deployments, row.node_role, principal.name)  # fmt: skip
     return TokenCreated(id=row.id, name=row.name, role=body.role, token=secret)
 
 

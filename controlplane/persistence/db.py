@@ -65,6 +65,7 @@ from sqlalchemy import (
     create_engine,
     event,
     exc,
+    false,
 )
 from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -243,6 +244,10 @@ class TokenRow(Base):
     #: the node a node token acts for; ``None`` for every other token (an ``agent`` token without
     #: a node is an enrolment token: it can only enrol a node)
     node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), nullable=True, index=True)
+    #: an enrolment token's scope: the deployments the nodes it enrols are assigned; ``None``: all
+    deployments: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    #: the role the nodes an enrolment token enrols get (``cache`` only from a token minted for it); ``None``: node
+    node_role: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class NodeRow(Base):
@@ -259,6 +264,10 @@ class NodeRow(Base):
     last_seen: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     #: the last NodeHeartbeat body, as JSON
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: the deployments an operator assigned the node (its enrolment token's scope); ``None``: all
+    assigned: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    #: whether an enrolment fixed the node's role and labels (registration cannot change them)
+    enrolled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class BlobChunksRow(Base):

@@ -29,6 +29,8 @@ class Fleet:
         self.cp = ControlPlaneProcess(workdir, public_url=self.proxy.url)
         self.proxy.upstream = self.cp.url
         self.agent_token = ""
+        #: an enrolment token minted for caches: the cache role is bound to it, never self-declared
+        self.cache_token = ""
 
     def start(self) -> None:
         """Start the control plane, wait until it is ready, and mint the agents' token."""
@@ -36,6 +38,7 @@ class Fleet:
         self.cp.wait_ready()
         with self.cp.client() as admin:
             self.agent_token = admin.create_token("agent-tests", "agent").token
+            self.cache_token = admin.create_token("cache-tests", "agent", node_role="cache").token
 
     def close(self) -> None:
         """Stop the control plane and the proxy."""

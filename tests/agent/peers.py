@@ -63,7 +63,7 @@ def chunk_bytes(model_dir: Path, manifest: Manifest, file: int = 0, index: int =
 def start_cache(workdir: Path, fleet: Fleet, name: str, extra: Sequence[str] = ()) -> AgentProcess:
     """A cache-role agent process (no deployments) with a peer listener on a free loopback port."""
     cache = AgentProcess(
-        workdir, name, fleet.cp.url, fleet.agent_token, deployments=(),
+        workdir, name, fleet.cp.url, fleet.cache_token, deployments=(),
         extra=["--role", "cache", "--peer-listen", "127.0.0.1:0", *extra],
     )  # fmt: skip
     cache.data_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,8 @@ ENROL = "enrolment"
 NODE = "node"
 ADMIN, PUBLISHER, OPERATOR = Role.admin.value, Role.publisher.value, Role.operator.value
 AGENT = (ENROL, NODE)
-ANY = frozenset({ADMIN, PUBLISHER, OPERATOR, ENROL, NODE})
+#: every caller with a token but an enrolment token, which can enrol and nothing else
+ANY = frozenset({ADMIN, PUBLISHER, OPERATOR, NODE})
 
 
 def only(*callers: str) -> frozenset[str]:
@@ -74,9 +75,9 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/nodes/register"): only(NODE),
     ("POST", "/v1/nodes/{}/heartbeat"): only(NODE),
     ("GET", "/v1/nodes/{}/desired"): only(NODE),
-    # The route list in weightship/schemas.py files this under "agent"; registry.py also admits
-    # operators (read-only, for inspecting a version's bytes). Kept in step with the code.
-    ("POST", "/v1/blobs/urls"): only(*AGENT, OPERATOR),
+    # A node token (for blobs of versions its node is entitled to) and operators (read-only, for
+    # inspecting a version's bytes); never an enrolment token.
+    ("POST", "/v1/blobs/urls"): only(NODE, OPERATOR),
     ("GET", "/v1/nodes"): ANY,
     # tokens
     ("POST", "/v1/tokens"): only(ADMIN),
@@ -170,7 +171,7 @@ def test_every_v1_route_enforces_its_roles(
 ) -> None:
     failures: list[str] = []
     routes = [(m, p) for m, p in _v1_routes() if _contract_key(m, p) in ROLE_CONTRACT]
-    assert set(callers) == ANY
+    assert set(callers) == ANY | {ENROL}
     for method, path in routes:
         url = _concrete(path)
         allowed = ROLE_CONTRACT[_contract_key(method, path)]
