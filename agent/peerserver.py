@@ -21,6 +21,12 @@ from the file to the socket with ``loop.sendfile`` (``os.sendfile`` on Linux: no
 user space), paced by the upload ``TokenBucket`` in ``SLICE``-sized calls when a cap is set.
 aiohttp's ``FileResponse`` is not used: it serves a whole file (or a client ``Range``), not a
 byte range we choose.
+
+Bounds (``agent.listenerbounds``): at most ``max_connections`` connections (below the fd limit),
+idle ones closed after ``idle_timeout``; an upload whose client accepts no bytes for
+``send_timeout`` seconds is cut off and frees its slot; request bodies are refused past
+``MAX_BODY`` bytes (``GET`` takes none); log lines about connections and uploads are rate-limited
+per cause.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -38,11 +44,19 @@ from typing import BinaryIO, Protocol
 from aiohttp import web
 
 from agent.bandwidth import SLICE, TokenBucket
+from agent.listenerbounds import ListenerBounds, LogBudget
 from agent.problems import boundary
 from agent.staging import Staging
 from agent.tickets import TicketKeeper
 from weightship.digests import is_hex
-from weightship.errors import ConflictError, NotFoundError, TemporaryError, ValidationError, WeightshipError
+from weightship.errors import (
+    ConflictError,
+    NotFoundError,
+    PayloadTooLarge,
+    TemporaryError,
+    ValidationError,
+    WeightshipError,
+)
 from weightship.logs import event
 from weightship.manifest import Manifest
 
@@ -52,6 +66,12 @@ log = logging.getLogger("agent.peerserver")
 
 CHUNK_HEADER = "X-Weightship-Chunk"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: a chunk index: ASCII digits only (``str.isdigit`` also takes "²", which ``int`` refuses)
+_INDEX = re.compile(r"^[0-9]{1,12}$")
+#: largest request body any route of the listener reads (tracker announcements are the largest)
+MAX_BODY = 1024 * 1024
+#: most bytes handed to the socket per send; each must be taken within ``send_timeout``
+_SEND_STEP = 4 * SLICE
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +153,7 @@ class UploadStats:
     bytes: int = 0
     refused_busy: int = 0
     refused_ticket: int = 0
+    timed_out: int = 0
     active: int = 0
 
 
@@ -148,6 +169,9 @@ class PeerServer:
         upload_bandwidth: float = 0.0,
         extra_routes: Callable[[web.Application], None] | None = None,
         extra_metrics: Callable[[], str] | None = None,
+        send_timeout: float = 10.0,
+        idle_timeout: float = 30.0,
+        max_connections: int | None = None,
     ) -> None:
         self.locator = locator
         self.tickets = tickets
@@ -155,7 +179,14 @@ class PeerServer:
         self.bucket = TokenBucket(upload_bandwidth)
         self.stats = UploadStats()
         self.url = ""
-        self.app = web.Application(middlewares=[boundary("the peer listener", challenge="Ticket")])
+        self.send_timeout = send_timeout
+        self.budget = LogBudget()
+        self.bounds = ListenerBounds("peer", log, max_connections=max_connections, idle_timeout=idle_timeout,
+                                     budget=self.budget)  # fmt: skip
+        self.app = web.Application(
+            middlewares=[self.bounds.middleware, boundary("the peer listener", challenge="Ticket"), _no_get_body],
+            client_max_size=MAX_BODY,
+        )
         self.app.router.add_get("/v1/chunks/{chunk}", self._chunk)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/metrics", self._metrics)
@@ -178,16 +209,20 @@ class PeerServer:
             ) from None
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
-        await web.SockSite(self._runner, sock, backlog=1024).start()
+        server = self._runner.server
+        assert server is not None
+        sock.listen(1024)
+        self.bounds.serve(sock, server)
         bound = sock.getsockname()[1]
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.url = f"http://{shown}:{bound}" if ":" not in shown else f"http://[{shown}]:{bound}"
         event(log, "peer.listening", url=self.url, upload_concurrency=self.upload_concurrency,
-              upload_bandwidth=int(self.bucket.rate))  # fmt: skip
+              upload_bandwidth=int(self.bucket.rate), max_connections=self.bounds.max_connections)  # fmt: skip
         return self.url
 
     async def stop(self) -> None:
         """Stop listening."""
+        await self.bounds.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -206,6 +241,10 @@ class PeerServer:
             f"weightship_peer_uploads_active {s.active}\n"
             f'weightship_peer_refused_total{{reason="busy"}} {s.refused_busy}\n'
             f'weightship_peer_refused_total{{reason="ticket"}} {s.refused_ticket}\n'
+            f'weightship_peer_refused_total{{reason="send_timeout"}} {s.timed_out}\n'
+            f"weightship_peer_connections {self.bounds.connections()}\n"
+            f'weightship_peer_connections_closed_total{{reason="evicted"}} {self.bounds.evicted}\n'
+            f'weightship_peer_connections_closed_total{{reason="refused"}} {self.bounds.refused}\n'
         )
         if self.extra_metrics is not None:
             text += self.extra_metrics()
@@ -217,7 +256,7 @@ class PeerServer:
         version = request.query.get("version", "")
         blob = request.query.get("blob", "")
         index = request.query.get("index", "")
-        if not is_hex(chunk) or not _DIGEST.match(version) or not is_hex(blob) or not index.isdigit():
+        if not is_hex(chunk) or not _DIGEST.match(version) or not is_hex(blob) or not _INDEX.match(index):
             raise ValidationError(
                 "GET /v1/chunks/<chunk sha256 hex>?version=sha256:<hex>&blob=<file sha256 hex>&index=<n> expected"
             )
@@ -270,21 +309,46 @@ class PeerServer:
         if transport is None:
             raise ConnectionResetError("peer went away before the chunk was sent")
         sent = 0
-        step = where.length if self.bucket.unlimited else max(1, min(SLICE, int(self.bucket.burst)))
+        step = _SEND_STEP if self.bucket.unlimited else max(1, min(SLICE, int(self.bucket.burst)))
         try:
             while sent < where.length:
                 n = min(step, where.length - sent)
                 await self.bucket.take(n)
-                await loop.sendfile(transport, fobj, where.offset + sent, n)
+                # A client that stops reading must not hold an upload slot: each step has a deadline.
+                async with asyncio.timeout(self.send_timeout):
+                    await loop.sendfile(transport, fobj, where.offset + sent, n)
                 sent += n
+        except TimeoutError:
+            self.stats.timed_out += 1
+            transport.abort()
+            self.budget.event(log, "peer.upload_timed_out", logging.WARNING, chunk=chunk, sent=sent, of=where.length,
+                              send_timeout=self.send_timeout)  # fmt: skip
+            return response
         except ConnectionError as exc:
             # The requester hung up (it cut off a parent it found too slow, or gave up): not our error.
-            event(log, "peer.upload_aborted", chunk=chunk, sent=sent, of=where.length, error=str(exc))
+            self.budget.event(log, "peer.upload_aborted", chunk=chunk, sent=sent, of=where.length, error=str(exc))
             return response
         await response.write_eof()
         self.stats.chunks += 1
         self.stats.bytes += sent
         return response
+
+
+@web.middleware
+async def _no_get_body(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A request body no route reads (any on GET), or one past ``MAX_BODY``, is refused before the handler runs."""
+    length = request.content_length
+    chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    if request.method in ("GET", "HEAD") and (length or chunked):
+        raise PayloadTooLarge(f"{request.method} {request.path} takes no request body; send the request without one")
+    if length is not None and length > MAX_BODY:
+        raise PayloadTooLarge(
+            f"{request.method} {request.path}: the body is {length} bytes, more than the {MAX_BODY} the peer "
+            "listener accepts; send a smaller one"
+        )
+    return await handler(request)
 
 
 def _open(path: Path) -> BinaryIO:
