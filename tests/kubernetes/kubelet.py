@@ -44,6 +44,8 @@ command and args are rewritten to it, and the readiness probe is sent to it.
 :meth:`Kubelet.endpoint` gives a test the URL of a pod's port. Probes run every
 ``periodSeconds``, but at most every ``probe_period`` seconds (tests do not wait 10 s); a pod is
 ready once a probe succeeds and stops being ready after ``failureThreshold`` failures in a row.
+Liveness and startup probes, resources, security contexts and Secret or ConfigMap references are
+not acted on (a ``secretKeyRef`` env var stops the container with ``CreateContainerConfigError``).
 """
 
 from __future__ import annotations

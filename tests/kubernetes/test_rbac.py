@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from controlplane.k8s.kube import InCluster
 from tests.kubernetes.conftest import OperatorProcess, VersionedEmulator, Webhook
 from tests.kubernetes.rbac import Audit, Rbac, ServiceAccountMount, attributes, tls_server
 from tests.kubernetes.test_chart import CHART, REQUIRED
@@ -180,6 +181,18 @@ def test_every_serviceaccount_the_chart_binds_rules_to_exists_in_the_chart() -> 
             if subject.get("kind") == "ServiceAccount":
                 assert (subject["namespace"], subject["name"]) in rbac.service_accounts, binding.name
     assert {(RELEASE_NAMESPACE, OPERATOR_SA), (RELEASE_NAMESPACE, AGENT_SA)} <= rbac.service_accounts
+
+
+def test_in_cluster_configuration_needs_the_service_host_and_a_mounted_token(tmp_path: Path) -> None:
+    mounted = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443",
+               "WEIGHTSHIP_KUBE_SERVICE_ACCOUNT_DIR": str(tmp_path)}  # fmt: skip
+    assert InCluster.from_env(mounted) is None  # no token file: not in a pod
+    (tmp_path / "token").write_text("t0ken\n")
+    found = InCluster.from_env(mounted)
+    assert found is not None
+    assert (found.server, found.token(), found.ca_path) == ("https://10.0.0.1:443", "t0ken", tmp_path / "ca.crt")
+    assert InCluster.from_env({**mounted, "KUBERNETES_SERVICE_HOST": ""}) is None
+    assert InCluster.from_env({**mounted, "KUBERNETES_SERVICE_HOST": "fd00::1"}).server == "https://[fd00::1]:443"  # type: ignore[union-attr]
 
 
 # --- the operator, in-cluster, against the chart's RBAC --------------------------------------------------
