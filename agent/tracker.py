@@ -25,8 +25,12 @@ announces the chunk, reports the parent, or the lease runs out.
 
 Upstream admission: a node may go up a tier (cluster cache and beyond) for a chunk only when
 no peer can serve it, fewer than ``upstream_per_chunk`` nodes are already fetching that chunk
-upstream, and fewer than ``upstream_slots`` chunk fetches are granted cluster-wide (so at most
-that many nodes go upstream at once; a lone node may use them all). The one exception to "no peer
+upstream, fewer than ``upstream_slots`` chunk fetches are granted cluster-wide, and the node holds
+fewer than ``upstream_per_node`` grants (so one node, however often it asks, leaves the rest of
+the slots to others). A grant lasts ``upstream_lease`` from when it was given: asking again
+keeps it but does not renew it, so a node that asks and never fetches loses it. A node refused
+because every slot is taken joins a queue; a freed slot goes to the nodes queued first (first in,
+first out), not to whoever asks next. The one exception to "no peer
 can serve it": a chunk the cluster cache holds whose peers are all busy, while fewer than half the
 grants are taken (the cache is then one more parent). Few chunks in flight through the caches
 at once means each arrives at full speed and peers start spreading it early, instead of every
@@ -34,9 +38,15 @@ chunk crawling in at once (``bench/simulate.py`` shows the difference). Anyone e
 told to wait ``retry_after`` and ask again: the chunk will come from a peer that fetched it.
 
 Reports: a child that got corrupt, slow or refused service from a parent reports it. The
-reporter avoids that parent at once; everyone avoids it once ``report_quorum`` distinct nodes
-reported it (one lying node cannot black-list a healthy parent). Penalties grow with repeated
-strikes: ``penalty[reason] * 2**(strikes-1)``, at most ``max_penalty``.
+reporter avoids that parent at once, for ``penalty[reason]`` (repeating the report renews that,
+never lengthens it). "refused" (the parent was busy) is not a strike: only the reporter steps
+aside for a moment. "corrupt" and "slow" are strikes, counted once per distinct reporter and
+weighed by the reporter's reputation: a reporter that accuses more than ``credible_accusations``
+parents at once has its weight spread over them, and a reporter that is itself avoided by
+everyone weighs nothing. Everyone avoids the parent once the weight of the reporters against it
+reaches ``report_quorum`` (one lying node cannot black-list a healthy parent, however often it
+reports), for ``penalty[reason] * 2**(reporters-1)``, at most ``max_penalty``: the ban grows only
+with independent evidence, and expires.
 """
 
 from __future__ import annotations
@@ -90,21 +100,31 @@ class TrackerSettings:
     upstream_slots: int = 8
     #: most nodes fetching one chunk from the tier above at once
     upstream_per_chunk: int = 1
-    #: how long an upstream grant lasts without the node asking again or announcing
+    #: most upstream grants one node holds at once (a node fetches ``--peer-concurrency`` chunks at once, 4 by default)
+    upstream_per_node: int = 4
+    #: how long an upstream grant lasts unless the node announces the chunk first (asking again does not renew it)
     upstream_lease: float = 30.0
+    #: a queued node that has not asked again for this long leaves the queue
+    queue_ttl: float = 2.0
     #: what a node told to wait should wait before asking again
     retry_after: float = 0.1
-    #: distinct reporters after which a parent is avoided by everyone
+    #: weight of distinct reporters after which a parent is avoided by everyone
     report_quorum: int = 2
+    #: parents one reporter may accuse at once at full weight; beyond, its weight is spread over them
+    credible_accusations: int = 2
     penalty_corrupt: float = 300.0
     penalty_slow: float = 30.0
     penalty_refused: float = 5.0
     max_penalty: float = 3600.0
 
     def __post_init__(self) -> None:
-        if min(self.fanout, self.max_sources, self.upstream_slots, self.upstream_per_chunk) < 1:
-            raise ValidationError("tracker fanout, max_sources, upstream_slots and upstream_per_chunk must be ≥ 1")
-        if min(self.announce_ttl, self.lease_seconds, self.upstream_lease, self.retry_after) <= 0:
+        if min(self.fanout, self.max_sources, self.upstream_slots, self.upstream_per_chunk, self.upstream_per_node,
+               self.report_quorum, self.credible_accusations) < 1:  # fmt: skip
+            raise ValidationError(
+                "tracker fanout, max_sources, upstream_slots, upstream_per_chunk, upstream_per_node, report_quorum "
+                "and credible_accusations must be ≥ 1"
+            )
+        if min(self.announce_ttl, self.lease_seconds, self.upstream_lease, self.retry_after, self.queue_ttl) <= 0:
             raise ValidationError("tracker durations must be positive")
 
     def penalty(self, reason: Reason) -> float:
@@ -165,9 +185,9 @@ class _Node:
 
 @dataclass
 class _Penalty:
-    strikes: int = 0
-    reporters: dict[str, float] = field(default_factory=dict)  # reporter -> until
-    until: float = 0.0  # for everyone, once the quorum reported
+    reporters: dict[str, float] = field(default_factory=dict)  # reporter -> until (its own avoidance)
+    strikes: dict[str, tuple[Reason, float]] = field(default_factory=dict)  # reporter -> (reason, until)
+    until: float = 0.0  # for everyone, once the reporters' weight reached the quorum
 
 
 Chunk = tuple[str, int]  # (version digest, chunk index)
@@ -199,7 +219,9 @@ class Tracker:
         self._upstream: dict[str, set[Chunk]] = {}  # child -> chunks it fetches upstream
         self._upstream_chunk: dict[Chunk, dict[str, float]] = {}  # chunk -> child -> until
         self._grants = 0  # sum of len(v) over _upstream_chunk
+        self._queue: dict[str, float] = {}  # node refused for want of a slot -> last asked (insertion order: FIFO)
         self._penalties: dict[str, _Penalty] = {}
+        self._accused: dict[str, set[str]] = {}  # reporter -> parents it holds a live strike against
 
     # --- announcements -------------------------------------------------------------------------
 
@@ -312,13 +334,31 @@ class Tracker:
     def _admit_upstream(self, child: str, key: Chunk, now: float) -> bool:
         s = self.settings
         fetching = self._upstream_chunk.get(key, {})
-        if child not in fetching:
-            if len(fetching) >= s.upstream_per_chunk or self._grants >= s.upstream_slots:
-                return False
-            self._grants += 1
+        if child in fetching:
+            return True  # still granted; asking again does not renew the lease
+        if len(fetching) >= s.upstream_per_chunk:
+            return False
+        if len(self._upstream.get(child, ())) >= s.upstream_per_node:
+            return False  # its share is taken: the other slots are for other nodes
+        if s.upstream_slots - self._grants <= self._queued_ahead(child, now):
+            self._queue[child] = now  # keeps its place when already queued
+            return False
+        self._queue.pop(child, None)
+        self._grants += 1
         self._upstream.setdefault(child, set()).add(key)
         self._upstream_chunk.setdefault(key, {})[child] = now + s.upstream_lease
         return True
+
+    def _queued_ahead(self, child: str, now: float) -> int:
+        """Nodes queued for a slot before ``child`` (all queued nodes when it is not queued) that may still take one."""
+        s = self.settings
+        ahead = 0
+        for name, asked in self._queue.items():
+            if name == child:
+                break
+            if now - asked <= s.queue_ttl and len(self._upstream.get(name, ())) < s.upstream_per_node:
+                ahead += 1
+        return ahead
 
     def _cache_spare(self) -> bool:
         """Whether the cache may serve a chunk peers hold too: fewer than half the upstream grants are taken."""
@@ -343,7 +383,9 @@ class Tracker:
                     holders[index] += 1
                     spare[index] += slots
         fetching = frozenset(i for (v, i) in self._upstream_chunk if v == version)
-        free = max(0, self.settings.upstream_slots - self._grants)
+        s = self.settings
+        free = max(0, min(s.upstream_slots - self._grants - self._queued_ahead(child, now),
+                          s.upstream_per_node - len(self._upstream.get(child, ()))))  # fmt: skip
         held_here = frozenset(cached)
         if self._cache_spare():
             for index in held_here:
@@ -374,19 +416,58 @@ class Tracker:
     # --- reports -------------------------------------------------------------------------------
 
     def report(self, reporter: str, parent: str, version: str, index: int, reason: Reason) -> None:
-        """``reporter`` got bad service from ``parent`` for a chunk: avoid ``parent`` for a while."""
+        """``reporter`` got bad service from ``parent`` for a chunk: it avoids ``parent`` for a while, everyone on enough evidence."""
         now = self.clock()
         s = self.settings
+        if reporter == parent:
+            return
         penalty = self._penalties.setdefault(parent, _Penalty())
-        penalty.strikes += 1
-        length = min(s.max_penalty, s.penalty(reason) * 2 ** (penalty.strikes - 1))
-        penalty.reporters = {r: t for r, t in penalty.reporters.items() if t > now}
-        penalty.reporters[reporter] = now + length
-        if len(penalty.reporters) >= s.report_quorum:
-            penalty.until = max(penalty.until, now + length)
+        self._expire(parent, penalty, now)
+        penalty.reporters[reporter] = now + s.penalty(reason)
+        if reason is not Reason.refused:
+            penalty.strikes[reporter] = (reason, now + s.penalty(reason))
+            self._accused.setdefault(reporter, set()).add(parent)
+            self._judge(parent, penalty, now)
         assigned = self._assigned.get((reporter, (version, index)))
         if assigned is not None and assigned[0] == parent:
             self._release((reporter, (version, index)))
+
+    def evidence(self, parent: str) -> float:
+        """The weight of the distinct reporters with a live strike against ``parent`` (banned at ``report_quorum``)."""
+        now = self.clock()
+        penalty = self._penalties.get(parent)
+        if penalty is None:
+            return 0.0
+        self._expire(parent, penalty, now)
+        return sum(self._weight(r, now) for r in penalty.strikes)
+
+    def _weight(self, reporter: str, now: float) -> float:
+        """A reporter's reputation: 0 while everyone avoids it, less the more parents it accuses at once."""
+        own = self._penalties.get(reporter)
+        if own is not None and own.until > now:
+            return 0.0
+        accused = len(self._accused.get(reporter, ())) or 1
+        return min(1.0, self.settings.credible_accusations / accused)
+
+    def _judge(self, parent: str, penalty: _Penalty, now: float) -> None:
+        s = self.settings
+        weighed = {r: self._weight(r, now) for r in penalty.strikes}
+        if sum(weighed.values()) + 1e-9 < s.report_quorum:
+            return
+        independent = sum(1 for w in weighed.values() if w > 0)
+        base = max(s.penalty(reason) for reason, _until in penalty.strikes.values())
+        length = min(s.max_penalty, base * 2 ** (independent - 1))
+        penalty.until = max(penalty.until, now + length)
+
+    def _expire(self, parent: str, penalty: _Penalty, now: float) -> None:
+        penalty.reporters = {r: t for r, t in penalty.reporters.items() if t > now}
+        for reporter in [r for r, (_reason, until) in penalty.strikes.items() if until <= now]:
+            del penalty.strikes[reporter]
+            accused = self._accused.get(reporter)
+            if accused is not None:
+                accused.discard(parent)
+                if not accused:
+                    del self._accused[reporter]
 
     def avoided(self, parent: str, by: str) -> bool:
         """Whether ``by`` would not be sent to ``parent`` now."""
@@ -447,6 +528,12 @@ class Tracker:
         for key, fetching in list(self._upstream_chunk.items()):
             for child in [c for c, until in fetching.items() if until <= now]:
                 self._drop_upstream(key, child)
+        for name in [n for n, asked in self._queue.items() if now - asked > self.settings.queue_ttl]:
+            del self._queue[name]
+        for parent, penalty in list(self._penalties.items()):
+            self._expire(parent, penalty, now)
+            if not penalty.reporters and not penalty.strikes and penalty.until <= now:
+                del self._penalties[parent]
 
 
 # --- chunk numbering shared by announcers and the tracker ----------------------------------------
@@ -525,7 +612,16 @@ def _free(index: int, seen: Availability) -> bool:
 
 
 def indexes_of(bitmap: bytes, count: int | None = None) -> Sequence[int]:
-    """The chunk indexes a have-bitmap names; bits at or past ``count`` must be clear."""
+    """The chunk indexes a have-bitmap names; bits at or past ``count`` must be clear.
+
+    With ``count``, the bitmap's length is checked before a bit of it is expanded: a bitmap longer
+    than ``count`` chunks need costs nothing but its refusal.
+    """
+    if count is not None and len(bitmap) > (count + 7) // 8:
+        raise ValidationError(
+            f"have-bitmap is {len(bitmap)} bytes but the version has {count} chunks ({(count + 7) // 8} bytes); "
+            "announce with the version's chunk order (agent.tracker.chunk_order)"
+        )
     found = [i * 8 + b for i, byte in enumerate(bitmap) if byte for b in range(8) if byte & (0x80 >> b)]
     if count is not None and found and found[-1] >= count:
         raise ValidationError(

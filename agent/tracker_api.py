@@ -15,7 +15,9 @@ canary of an aborted rollout) is dropped from the announcement, and from what th
 node to hold, and logged once per node and version; the rest of the announcement is accepted. Only
 an announcement the ticket covers none of is refused. Chunk
 numbers are the version's ``chunk_order``; the manifest comes from the cache (which has every
-version a pointer names), so a bitmap naming chunks the version does not have is refused.
+version a pointer names), so a bitmap naming chunks the version does not have is refused, and
+one longer than the version's chunk count needs is refused before it is decoded or expanded.
+Bodies past ``agent.peerserver.MAX_BODY`` are refused before they are read.
 Errors escape the handlers to the peer listener's boundary (``agent.problems``), which answers
 them as RFC 9457 problem details.
 """
@@ -101,7 +103,8 @@ class TrackerRoutes:
                         f"ticket names node {ticket.node!r} but the announcement is for {body.node!r}; "
                         "a node announces only for itself"
                     )
-                held[version] = list(indexes_of(_decode(have.have), len(await self._order(version))))
+                count = len(await self._order(version))
+                held[version] = list(indexes_of(_decode(have.have, count), count))
             if not held:
                 raise dropped[0][1]
             for version, refusal in dropped:
@@ -173,7 +176,13 @@ class TrackerRoutes:
             raise ValidationError(f"report: {exc.errors()[0].get('msg', 'invalid')}") from None
 
 
-def _decode(have: str) -> bytes:
+def _decode(have: str, count: int) -> bytes:
+    """The bitmap ``have`` encodes, refused unread when it is longer than ``count`` chunks need."""
+    if len(have) > 4 * (((count + 7) // 8 + 2) // 3):
+        raise ValidationError(
+            f"have-bitmap is {len(have)} base64 characters but the version has {count} chunks; announce with the "
+            "version's chunk order (agent.tracker.chunk_order)"
+        )
     try:
         return base64.b64decode(have, validate=True)
     except (binascii.Error, ValueError):

@@ -133,7 +133,7 @@ def test_upstream_grant_ends_when_the_chunk_is_announced_and_waiters_get_the_new
 
 @pytest.mark.parametrize(
     ("reason", "base"),
-    [(Reason.corrupt, 300.0), (Reason.slow, 30.0), (Reason.refused, 5.0)],
+    [(Reason.corrupt, 300.0), (Reason.slow, 30.0)],
 )
 def test_reported_parent_is_avoided_by_the_reporter_at_once_and_by_all_after_a_quorum(
     reason: Reason, base: float
