@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from agent.config import load_config
+from agent.config import check_disk, load_config
 from agent.daemon import Agent, install_signal_handlers
 from weightship.errors import WeightshipError
 from weightship.logs import configure
@@ -23,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     try:
         config = load_config(argv)
+        check_disk(config)
     except WeightshipError as exc:
         print(f"weightship-agent: {exc.message}", file=sys.stderr)
         return 2

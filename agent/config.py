@@ -32,7 +32,7 @@ from weightship.manifest import check_model_name
 from weightship.schemas import NodeLabels
 from weightship.sizes import parse_size
 
-__all__ = ["ENV_PREFIX", "AgentConfig", "build_parser", "load_config"]
+__all__ = ["ENV_PREFIX", "AgentConfig", "build_parser", "check_disk", "load_config"]
 
 ENV_PREFIX = "WEIGHTSHIP_AGENT_"
 LABEL_KEYS = ("region", "cluster", "zone", "rack", "gpu_type")
@@ -372,3 +372,27 @@ def _with_timeout(hooks: tuple[SwitchHook, ...], timeout: Any) -> tuple[SwitchHo
     except (TypeError, ValueError):
         raise ValidationError(f"switch_hook_timeout={timeout!r} is not a number of seconds") from None
     return tuple(replace(h, timeout=seconds) if h.timeout == DEFAULT_TIMEOUT else h for h in hooks)
+
+
+def check_disk(config: AgentConfig) -> None:
+    """Refuse a quota the disk under ``data_dir`` cannot hold (a ``ValidationError`` saying what to change).
+
+    Checked once at start-up against the filesystem's size (``os.statvfs``), so a chart default or
+    a typo (``800GiB`` on a 100 GiB root volume) fails at once instead of filling the node's disk.
+    """
+    if config.quota_bytes <= 0:
+        return
+    where = config.data_dir.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent  # the directory may not exist yet: its filesystem is its nearest ancestor's
+    stat = os.statvfs(where)
+    size = stat.f_blocks * stat.f_frsize
+    wanted = config.quota_bytes + config.min_free_bytes
+    if wanted > size:
+        gib = 1024**3
+        raise ValidationError(
+            f"disk quota {config.quota_bytes / gib:.1f} GiB (plus min_free {config.min_free_bytes / gib:.1f} GiB) "
+            f"is larger than the filesystem holding data_dir {config.data_dir} ({size / gib:.1f} GiB in all): "
+            "lower --quota (WEIGHTSHIP_AGENT_QUOTA_BYTES, Helm value agent.quota) or put data_dir on a larger "
+            "disk (instance-store NVMe or a PersistentVolume, docs/kubernetes.md#data-directory)"
+        )

@@ -80,7 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate.upgrade(engine)
         state = AppState.open(settings, engine, open_store(settings))
         app.state.ws = state
-        tokens.bootstrap_admin(state)
+        tokens.bootstrap_tokens(state)
         state.metrics_registry.register(QueryCounter(engine))
         state.metrics_registry.register(AutoscalingCollector(state.sessions, settings.node_stale_seconds))
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))

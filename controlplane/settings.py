@@ -52,6 +52,10 @@ class Settings:
     s3_region: str = field(default_factory=lambda: _env("WEIGHTSHIP_S3_REGION", "us-east-1"))
     #: bootstrap admin token; its hash is stored at start-up. Empty: none is created.
     admin_token: str = field(default_factory=lambda: _env("WEIGHTSHIP_ADMIN_TOKEN", ""))
+    #: directory of bootstrap tokens, one file per role named after it (``agent``, ``operator``,
+    #: ``publisher``, ``admin``; a mounted Secret's keys): each file's token is stored hashed at
+    #: start-up as ``bootstrap-<role>`` (``controlplane.tokens.bootstrap_tokens``). Empty: none.
+    bootstrap_tokens_dir: str = field(default_factory=lambda: _env("WEIGHTSHIP_BOOTSTRAP_TOKENS_DIR", ""))
     #: key for signing blob URLs the control plane serves itself (local store)
     url_signing_key: str = field(default_factory=lambda: _env("WEIGHTSHIP_URL_SIGNING_KEY", secrets.token_hex(32)))
     #: base URL at which agents and clients reach this control plane; ``serve`` derives it from the

@@ -4,10 +4,14 @@ A token's secret is shown once, when it is minted; only its SHA-256 is stored
 (``controlplane.auth.hash_secret``). Revoking marks the row ``revoked`` instead of deleting it, so
 the audit trail (``created_by`` of later tokens, pointer events naming the actor) still resolves.
 
-The bootstrap admin token comes from ``WEIGHTSHIP_ADMIN_TOKEN``. At start-up its hash is stored
-as an ``admin`` token named ``bootstrap-admin`` unless that hash is already known, so restarts and
-replicas starting together are harmless. A bootstrap token that an admin revoked stays revoked:
-restarting with the same environment never brings it back.
+Bootstrap tokens let an install start with every credential in place, minting nothing by hand
+afterwards. The admin one comes from ``WEIGHTSHIP_ADMIN_TOKEN``; any role's from a file named after
+the role in ``WEIGHTSHIP_BOOTSTRAP_TOKENS_DIR`` (the Helm chart mounts its bootstrap Secret there:
+``agent`` is the nodes' enrolment token, ``operator`` the ModelRollout operator's). At start-up each
+one's hash is stored as a token of that role named ``bootstrap-<role>`` unless that hash is already
+known, so restarts and replicas starting together are harmless. A bootstrap token that an admin
+revoked stays revoked: restarting with the same environment never brings it back. A bootstrap
+``agent`` token is bound to no node, so it can only enrol one.
 
 Node tokens (``node_id`` set) are minted only by enrolment (``controlplane.fleet``), through
 ``mint_node_token``: at most one active per node, which the enrolment transaction checks with
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from pathlib import Path
 
 from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
@@ -27,7 +32,7 @@ from controlplane.auth import hash_secret, new_secret
 from controlplane.notify import token_topic
 from controlplane.persistence.db import NodeRow, TokenRow, utcnow
 from controlplane.state import AppState
-from weightship.errors import ConflictError
+from weightship.errors import ConflictError, ValidationError
 from weightship.schemas import Role, TokenInfo
 
 __all__ = [
@@ -35,8 +40,10 @@ __all__ = [
     "active_node_token",
     "announce_revoked",
     "bootstrap_admin",
+    "bootstrap_tokens",
     "mint_node_token",
     "new_token_row",
+    "read_bootstrap_dir",
     "token_info",
 ]
 
@@ -53,26 +60,60 @@ def _new_id() -> str:
 
 def bootstrap_admin(state: AppState) -> None:
     """Store the hash of ``settings.admin_token`` as an admin token, once; nothing when it is empty."""
-    secret: str = state.settings.admin_token
-    if not secret:
-        return
+    if state.settings.admin_token:
+        _store_bootstrap(state, Role.admin, state.settings.admin_token)
+
+
+def bootstrap_tokens(state: AppState) -> None:
+    """Store every bootstrap token (the admin one, then each file of the tokens directory), once each."""
+    bootstrap_admin(state)
+    for role, secret in read_bootstrap_dir(state.settings.bootstrap_tokens_dir):
+        _store_bootstrap(state, role, secret)
+
+
+def read_bootstrap_dir(directory: str) -> list[tuple[Role, str]]:
+    """(role, token) for each role-named, non-empty file in ``directory``; nothing when it is ``""``."""
+    if not directory:
+        return []
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValidationError(
+            f"WEIGHTSHIP_BOOTSTRAP_TOKENS_DIR names {directory!r}, which is not a directory: "
+            "mount the bootstrap Secret there or unset the variable"
+        )
+    found = []
+    for role in Role:
+        path = root / role.value
+        secret = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+        if secret:
+            found.append((role, secret))
+        elif path.exists():
+            log.warning("bootstrap_token_empty path=%s action=ignored", path)
+    return found
+
+
+def _store_bootstrap(state: AppState, role: Role, secret: str) -> None:
+    name = f"bootstrap-{role.value}"
     if len(secret) < _MIN_BOOTSTRAP_LENGTH:
         # Warn rather than refuse: local demos use short tokens; production should not.
         log.warning(
-            "bootstrap_admin_weak length=%d advice=use_at_least_%d_random_chars", len(secret), _MIN_BOOTSTRAP_LENGTH
+            "bootstrap_token_weak name=%s length=%d advice=use_at_least_%d_random_chars",
+            name,
+            len(secret),
+            _MIN_BOOTSTRAP_LENGTH,
         )
     digest = hash_secret(secret)
     with state.sessions() as session:
         existing = session.scalars(select(TokenRow).where(TokenRow.secret_hash == digest)).first()
         if existing is not None:
             if existing.revoked:
-                log.warning("bootstrap_admin_revoked token_id=%s action=left_revoked", existing.id)
+                log.warning("bootstrap_token_revoked name=%s token_id=%s action=left_revoked", name, existing.id)
             return
         session.add(
             TokenRow(
                 id=_new_id(),
-                name=BOOTSTRAP_NAME,
-                role=Role.admin.value,
+                name=name,
+                role=role.value,
                 secret_hash=digest,
                 revoked=False,
                 created_at=utcnow(),
@@ -85,7 +126,7 @@ def bootstrap_admin(state: AppState) -> None:
             # Another replica stored the same hash first: the outcome we wanted.
             session.rollback()
             return
-    log.info("bootstrap_admin_stored name=%s", BOOTSTRAP_NAME)
+    log.info("bootstrap_token_stored name=%s role=%s", name, role.value)
 
 
 def active_node_token(session: Session, node_id: str) -> TokenRow | None:

@@ -201,4 +201,6 @@ async def run(config: OperatorConfig, *, stop_flag: asyncio.Event | None = None)
         clusterwide=not config.namespaces,
         namespaces=list(config.namespaces),
         stop_flag=stop_flag,
+        # kopf's own liveness endpoint (GET /healthz), e.g. http://0.0.0.0:8081/healthz: the chart's probes.
+        liveness_endpoint=os.environ.get("WEIGHTSHIP_OPERATOR_LIVENESS") or None,
     )

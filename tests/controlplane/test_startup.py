@@ -168,4 +168,4 @@ def test_the_readme_admin_token_passes_the_strength_check(tmp_path: Path) -> Non
     with serving(tmp_path, free_port(), _env(tmp_path, WEIGHTSHIP_ADMIN_TOKEN=token)) as (url, log_path):
         with Client(url, token) as admin:
             assert admin.whoami().role.value == "admin"
-        assert "bootstrap_admin_weak" not in log_path.read_text()
+        assert "bootstrap_token_weak" not in log_path.read_text()

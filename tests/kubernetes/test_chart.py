@@ -6,7 +6,10 @@ strictly (unknown fields are errors) against the OpenAPI schemas of its kind for
 newest Kubernetes release the chart supports (``kubernetes-validate``, offline). Objects of kinds
 that other projects define (Prometheus Operator, KEDA) are checked against the subset of their
 CRD schema this chart writes, kept below; ModelRollouts against our CRD
-(``crds/modelrollout.yaml``).
+(``crds/modelrollout.yaml``), which must be there.
+
+Rendered with the release name and namespace of ``docs/kubernetes.md``'s ``helm install`` line, so
+the object names a test checks are the ones the docs tell users to type.
 """
 
 from __future__ import annotations
@@ -36,7 +39,20 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "weightship"
 CRD = CHART / "crds" / "modelrollout.yaml"
 DOCS = REPO / "docs" / "kubernetes.md"
-RELEASE, NAMESPACE = "ws", "weightship"
+
+
+def docs_release() -> tuple[str, str]:
+    """(release, namespace) of the ``helm install`` command in docs/kubernetes.md."""
+    found = re.search(r"^helm install (\S+) deploy/helm/weightship -n (\S+)", DOCS.read_text(), re.MULTILINE)
+    assert found, "docs/kubernetes.md has no `helm install RELEASE deploy/helm/weightship -n NAMESPACE` line"
+    return found[1], found[2]
+
+
+RELEASE, NAMESPACE = docs_release()
+#: the prefix of every object's name (the chart's fullname for RELEASE)
+#: the agent's host data directory by default (instance-store NVMe as EKS AL2023 mounts it)
+DATA_DIR = "/mnt/k8s-disks/0/weightship"
+FULLNAME = RELEASE if "weightship" in RELEASE else f"{RELEASE}-weightship"
 KUBE_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())  # Chart.yaml: kubeVersion >=1.29
 
 # The values with no safe default: nothing renders without them.
@@ -44,9 +60,7 @@ REQUIRED: dict[str, Any] = {
     "controlplane": {
         "database": {"secretName": "weightship-database"},
         "store": {"url": "s3://model-weights/weightship", "s3": {"region": "eu-west-1"}},
-        "secretName": "weightship-controlplane",
     },
-    "agent": {"enrolmentSecretName": "weightship-enrolment"},
 }
 
 
@@ -71,9 +85,16 @@ EVERYTHING_ELSE = {
     "controlplane": {
         "migrations": {"mode": "initContainer"},
         "store": {"s3": {"endpointUrl": "https://minio.storage:9000", "credentialsSecretName": "minio"}},
+        "secretName": "weightship-controlplane",
     },
+    "agent": {"enrolmentSecretName": "weightship-enrolment"},
+    "bootstrap": {"existingSecret": "weightship-credentials"},
     "caches": {"enabled": True, "region": {"enabled": True}},
-    "operator": {"trafficRouter": "service", "watchNamespaces": ["models-a", "models-b"]},
+    "operator": {
+        "trafficRouter": "service",
+        "watchNamespaces": ["models-a", "models-b"],
+        "tokenSecretName": "weightship-operator",
+    },
     "autoscaling": {"scaleTargetRef": {"name": "chat"}, "hpa": {"enabled": True}},
     "metrics": {"serviceMonitor": {"enabled": True}},
 }
@@ -210,10 +231,9 @@ THIRD_PARTY: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-def crd_schema() -> dict[str, Any] | None:
-    """The served version's openAPIV3Schema of our ModelRollout CRD, when the CRD is present."""
-    if not CRD.exists():
-        return None
+def crd_schema() -> dict[str, Any]:
+    """The served version's openAPIV3Schema of our ModelRollout CRD (a missing CRD is a failure)."""
+    assert CRD.exists(), f"{CRD.relative_to(REPO)} is missing: the chart must ship the ModelRollout CRD"
     crd = yaml.safe_load(CRD.read_text())
     served = [v for v in crd["spec"]["versions"] if v.get("served") and v.get("storage")]
     schema: dict[str, Any] = served[0]["schema"]["openAPIV3Schema"]
@@ -224,10 +244,7 @@ def validate(obj: dict[str, Any]) -> None:
     """Strict schema validation for ``obj``'s kind; an unknown kind is a failure, not a skip."""
     api_version, kind = obj["apiVersion"], obj["kind"]
     if api_version.startswith("weightship.io/"):
-        schema = crd_schema()
-        if schema is None:
-            pytest.skip(f"{CRD.relative_to(REPO)} is not on this branch yet (it comes with the operator)")
-        jsonschema.validate(obj, schema)
+        jsonschema.validate(obj, crd_schema())
         return
     if (api_version, kind) in THIRD_PARTY:
         jsonschema.validate(obj, THIRD_PARTY[(api_version, kind)])
@@ -267,13 +284,12 @@ def test_every_template_renders_in_some_scenario() -> None:
     rendered: set[str] = set()
     for values in SCENARIOS.values():
         rendered |= {path.removeprefix("weightship/") for path, _ in objects(values)}
-    templates = {f"templates/{p.name}" for p in (CHART / "templates").glob("*.yaml")}
+    templates = {str(p.relative_to(CHART)) for p in (CHART / "templates").rglob("*.yaml")}
     assert templates - rendered == set()
 
 
 def test_crd_is_a_valid_custom_resource_definition() -> None:
-    if not CRD.exists():
-        pytest.skip(f"{CRD.relative_to(REPO)} is not on this branch yet (it comes with the operator)")
+    assert CRD.exists(), f"{CRD.relative_to(REPO)} is missing: the chart must ship the ModelRollout CRD"
     with helm.Chart.load(CHART) as chart:
         crds = [yaml.safe_load(c["data"]) for c in chart.crds]
     assert [c["spec"]["names"]["kind"] for c in crds] == ["ModelRollout"]
@@ -301,8 +317,6 @@ def test_docs_modelrollout_example_satisfies_the_crd() -> None:
         (("controlplane", "database", "secretName"), "controlplane.database.secretName is required"),
         (("controlplane", "store", "url"), "controlplane.store.url is required"),
         (("controlplane", "store", "s3", "region"), "controlplane.store.s3.region is required"),
-        (("controlplane", "secretName"), "controlplane.secretName is required"),
-        (("agent", "enrolmentSecretName"), "agent.enrolmentSecretName is required"),
     ],
 )
 def test_missing_required_value_fails_rendering_with_its_name(drop: tuple[str, ...], message: str) -> None:
@@ -378,8 +392,17 @@ def test_controlplane_settings_come_from_secrets_and_name_real_variables() -> No
     pod = find(objs, "Deployment", "-controlplane")["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["WEIGHTSHIP_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "weightship-database", "key": "url"}
-    assert env["WEIGHTSHIP_URL_SIGNING_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "weightship-controlplane"
-    assert env["WEIGHTSHIP_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    # No Secret of the user's but the database's: the signing key and the tokens are bootstrapped.
+    assert env["WEIGHTSHIP_URL_SIGNING_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{FULLNAME}-bootstrap",
+        "key": "url-signing-key",
+    }
+    assert "WEIGHTSHIP_ADMIN_TOKEN" not in env
+    assert env["WEIGHTSHIP_BOOTSTRAP_TOKENS_DIR"]["value"] == "/etc/weightship/bootstrap"
+    given = find(objects(SCENARIOS["everything-else"]), "Deployment", "-controlplane")["spec"]["template"]["spec"]
+    given_env = {e["name"]: e for e in given["containers"][0]["env"]}
+    assert given_env["WEIGHTSHIP_URL_SIGNING_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "weightship-controlplane"
+    assert given_env["WEIGHTSHIP_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
     assert env["WEIGHTSHIP_S3_REGION"]["value"] == "eu-west-1"
     # Every WEIGHTSHIP_* variable the chart sets is one the control plane reads.
     source = (REPO / "controlplane" / "settings.py").read_text() + (REPO / "controlplane" / "__main__.py").read_text()
@@ -418,26 +441,25 @@ def test_agent_keeps_its_data_and_identity_in_the_host_directory() -> None:
     agent = next(c for c in pod["containers"] if c["name"] == "agent")
     env = {e["name"]: e for e in agent["env"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["data"]["hostPath"]["path"] == "/var/lib/weightship"
-    assert {"name": "data", "mountPath": "/var/lib/weightship"} in agent["volumeMounts"]
-    assert env["WEIGHTSHIP_AGENT_DATA_DIR"]["value"] == "/var/lib/weightship"  # same path as on the node
+    assert volumes["data"]["hostPath"]["path"] == DATA_DIR
+    assert {"name": "data", "mountPath": DATA_DIR} in agent["volumeMounts"]
+    assert env["WEIGHTSHIP_AGENT_DATA_DIR"]["value"] == DATA_DIR  # same path as on the node
     assert env["WEIGHTSHIP_AGENT_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     # The enrolment token arrives as a file from its Secret, never as a plain value.
     assert env["WEIGHTSHIP_AGENT_TOKEN_FILE"]["value"] == "/etc/weightship/enrolment/token"
-    assert volumes["enrolment"]["secret"]["secretName"] == "weightship-enrolment"
+    assert volumes["enrolment"]["secret"]["secretName"] == f"{FULLNAME}-bootstrap"
+    assert volumes["enrolment"]["secret"]["items"] == [{"key": "agent", "path": "token"}]
     assert "WEIGHTSHIP_AGENT_TOKEN" not in env
     assert "WEIGHTSHIP_TOKEN" not in env
 
 
 def test_model_server_mount_path_is_stated_in_notes_values_and_docs() -> None:
     notes = render(REQUIRED)["weightship/templates/NOTES.txt"]
-    assert (
-        "hostPath /var/lib/weightship/versions  ->  mountPath /var/lib/weightship/versions  (readOnly: true)" in notes
-    )
+    assert f"hostPath {DATA_DIR}/versions  ->  mountPath {DATA_DIR}/versions  (readOnly: true)" in notes
     assert "unix:/run/weightship/agent.sock" in notes
     assert "MODEL SERVERS mount <hostDataDir>/versions READ-ONLY at the" in (CHART / "values.yaml").read_text()
     docs = DOCS.read_text()
-    assert "/var/lib/weightship/versions" in docs
+    assert f"{DATA_DIR}/versions" in docs
     assert "readOnly: true" in docs
     moved = render(merged(REQUIRED, {"agent": {"hostDataDir": "/mnt/nvme/weightship/"}}))[
         "weightship/templates/NOTES.txt"
@@ -502,11 +524,11 @@ def test_cache_tiers_chain_cluster_to_region() -> None:
     }
     assert env["cluster"]["WEIGHTSHIP_AGENT_ROLE"] == "cache"
     assert env["cluster"]["WEIGHTSHIP_AGENT_TIER"] == "cluster"
-    assert env["cluster"]["WEIGHTSHIP_AGENT_UPSTREAM"] == f"http://ws-weightship-cache-region.{NAMESPACE}.svc:7071"
+    assert env["cluster"]["WEIGHTSHIP_AGENT_UPSTREAM"] == f"http://{FULLNAME}-cache-region.{NAMESPACE}.svc:7071"
     assert "WEIGHTSHIP_AGENT_UPSTREAM" not in env["region"]  # the origin
     node = next(c for c in containers(find(objs, "DaemonSet", "-agent")) if c["name"] == "agent")
     node_env = {e["name"]: e.get("value") for e in node["env"]}
-    assert node_env["WEIGHTSHIP_AGENT_CLUSTER_CACHE"] == f"http://ws-weightship-cache-cluster.{NAMESPACE}.svc:7071"
+    assert node_env["WEIGHTSHIP_AGENT_CLUSTER_CACHE"] == f"http://{FULLNAME}-cache-cluster.{NAMESPACE}.svc:7071"
     assert not [o for _, o in objects(REQUIRED) if o["kind"] == "StatefulSet"]
 
 
@@ -595,3 +617,329 @@ def test_node_labels_become_agent_labels(node_api: str, tmp_path: Path) -> None:
     assert failed.returncode == 1
     assert "cannot read node gpu-2" in failed.stderr
     assert not missing.exists()
+
+
+# --- the first hour on EKS ----------------------------------------------------------------------
+
+
+def docs_created_secrets() -> set[str]:
+    """The Secrets docs/kubernetes.md tells users to create before ``helm install``."""
+    return set(re.findall(r"kubectl -n \S+ create secret generic (\S+)", DOCS.read_text()))
+
+
+def referenced_secrets(objs: list[tuple[str, dict[str, Any]]]) -> set[str]:
+    """Every Secret a rendered pod reads (variables and volumes), hooks included."""
+    names: set[str] = set()
+    for _, obj in objs:
+        spec = obj.get("spec", {})
+        pod = spec.get("template", {}).get("spec") if "template" in spec else spec if obj["kind"] == "Pod" else None
+        if not pod:
+            continue
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref and not ref.get("optional"):
+                    names.add(ref["name"])
+        names |= {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+    return names
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "eks-example"])
+def test_install_needs_only_the_secrets_the_docs_create_first(scenario: str) -> None:
+    """``helm install --wait`` cannot hang on a Secret nobody made: each is the chart's own or made before it."""
+    objs = objects(SCENARIOS[scenario])
+    rendered = {o["metadata"]["name"] for _, o in objs if o["kind"] == "Secret"}
+    assert rendered == {f"{FULLNAME}-bootstrap"}
+    assert referenced_secrets(objs) - rendered <= docs_created_secrets() == {"weightship-database"}
+
+
+def test_bootstrap_secret_is_generated_once_and_kept() -> None:
+    objs = objects(REQUIRED)
+    secret = find(objs, "Secret", "-bootstrap")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert set(secret["data"]) == {"admin", "agent", "operator", "url-signing-key"}
+    template = (CHART / "templates" / "bootstrap-secret.yaml").read_text()
+    assert 'lookup "v1" "Secret"' in template  # an upgrade reads the values back instead of new ones
+    other = find(objects(REQUIRED), "Secret", "-bootstrap")
+    assert other["data"]["agent"] != secret["data"]["agent"]  # random per install, never a constant
+    # Who uses which token: the agents enrol with `agent`, the operator calls with `operator`.
+    operator = find(objs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    token = next(e for e in operator["env"] if e["name"] == "WEIGHTSHIP_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-bootstrap", "key": "operator"}
+    cp = find(objs, "Deployment", "-controlplane")["spec"]["template"]["spec"]
+    (bootstrap,) = [v for v in cp["volumes"] if v["name"] == "bootstrap"]
+    assert {i["key"]: i["path"] for i in bootstrap["secret"]["items"]} == {
+        "admin": "admin",
+        "agent": "agent",
+        "operator": "operator",
+    }
+    # A Secret of the user's replaces it everywhere (Argo CD, helm template: no lookup there).
+    given = objects(merged(REQUIRED, {"bootstrap": {"existingSecret": "mine"}}))
+    assert not [o for _, o in given if o["kind"] == "Secret"]
+    assert referenced_secrets(given) == {"mine", "weightship-database"}
+
+
+def test_helm_test_hook_checks_controlplane_agent_and_operator() -> None:
+    objs = objects(REQUIRED)
+    pod = find(objs, "Pod", "-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert find(objs, "ConfigMap", "-test")["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["WEIGHTSHIP_URL"]["value"] == f"http://{FULLNAME}-controlplane.{NAMESPACE}.svc:8080"
+    assert env["WEIGHTSHIP_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "operator"
+    assert env["WEIGHTSHIP_TEST_OPERATOR_URL"]["value"] == f"http://{FULLNAME}-operator.{NAMESPACE}.svc:8081/healthz"
+    service = find(objs, "Service", "-operator")
+    assert service["spec"]["ports"][0]["targetPort"] == "health"
+
+
+def irsa_service_accounts_in_docs() -> list[tuple[str, str]]:
+    """(namespace, name) of every ServiceAccount docs/kubernetes.md binds an IAM role to."""
+    found = []
+    for command in re.findall(r"eksctl create iamserviceaccount.*?(?=\n\n|\n```)", DOCS.read_text(), re.DOTALL):
+        namespace = re.search(r"--namespace (\S+)", command)
+        name = re.search(r"--name (\S+)", command)
+        assert namespace, command
+        assert name, command
+        found.append((namespace[1], name[1]))
+    return found
+
+
+def test_every_serviceaccount_the_docs_bind_an_iam_role_to_exists() -> None:
+    accounts = irsa_service_accounts_in_docs()
+    assert accounts, "docs/kubernetes.md binds no IAM role (eksctl create iamserviceaccount)"
+    rendered = {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o
+        for _, o in objects(SCENARIOS["eks-example"])
+        if o["kind"] == "ServiceAccount"
+    }
+    for account in accounts:
+        assert account in rendered, f"docs bind an IAM role to {account}; the chart makes {sorted(rendered)}"
+    assert "eks.amazonaws.com/role-arn" in rendered[(NAMESPACE, f"{FULLNAME}-controlplane")]["metadata"]["annotations"]
+
+
+# Node scheduling as the scheduler evaluates it: nodeSelector (all), required nodeAffinity (terms
+# ORed, expressions in a term ANDed) and taints with effect NoSchedule/NoExecute (each tolerated).
+
+
+def _expression_matches(expr: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt"):
+        if key not in labels:
+            return False
+        have, want = int(labels[key]), int(values[0])
+        return have > want if op == "Gt" else have < want
+    raise AssertionError(f"unknown operator {op}")
+
+
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, str]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint["effect"]:
+            continue
+        if t.get("operator", "Equal") == "Exists" and (not t.get("key") or t["key"] == taint["key"]):
+            return True
+        if t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def schedules_on(pod: dict[str, Any], node: dict[str, Any]) -> bool:
+    """Whether the scheduler may place ``pod`` (a pod spec) on ``node`` (labels and taints only)."""
+    labels: dict[str, str] = node["metadata"].get("labels", {})
+    if any(labels.get(k) != v for k, v in pod.get("nodeSelector", {}).items()):
+        return False
+    required = pod.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        terms = required["nodeSelectorTerms"]
+        if not any(all(_expression_matches(e, labels) for e in t.get("matchExpressions", [])) for t in terms):
+            return False
+    taints = [t for t in node.get("spec", {}).get("taints", []) if t["effect"] in ("NoSchedule", "NoExecute")]
+    return all(_tolerates(pod.get("tolerations", []), t) for t in taints)
+
+
+def node(labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    base = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "topology.kubernetes.io/zone": "eu-west-1a"}
+    return {"metadata": {"labels": {**base, **labels}}, "spec": {"taints": taints or []}}
+
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+NODES: dict[str, tuple[dict[str, Any], bool]] = {
+    # Karpenter: its well-known labels, an instance type the chart's list may not know yet.
+    "karpenter": (
+        node(
+            {
+                "karpenter.sh/nodepool": "gpu",
+                "karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia",
+                "karpenter.k8s.aws/instance-gpu-name": "h200",
+                "node.kubernetes.io/instance-type": "p5x.future",
+            },
+            [GPU_TAINT],
+        ),
+        True,
+    ),
+    # A managed node group with only the NVIDIA device plugin: instance type and node group, nothing else.
+    "managed-node-group": (
+        node(
+            {
+                "eks.amazonaws.com/nodegroup": "gpu-a10g",
+                "eks.amazonaws.com/capacityType": "ON_DEMAND",
+                "node.kubernetes.io/instance-type": "g5.12xlarge",
+            },
+            [GPU_TAINT],
+        ),
+        True,
+    ),
+    # GPU Feature Discovery on a node whose instance type says nothing.
+    "gpu-feature-discovery": (
+        node({"nvidia.com/gpu.present": "true", "node.kubernetes.io/instance-type": "custom-gpu"}, [GPU_TAINT]),
+        True,
+    ),
+    "eks-auto-mode": (
+        node({"eks.amazonaws.com/instance-gpu-manufacturer": "nvidia", "node.kubernetes.io/instance-type": "g6.xlarge"}),
+        True,
+    ),
+    # Not GPU nodes: no agent.
+    "cpu-node-group": (
+        node({"eks.amazonaws.com/nodegroup": "system", "node.kubernetes.io/instance-type": "m6i.large"}),
+        False,
+    ),
+    "karpenter-cpu": (
+        node({"karpenter.sh/nodepool": "general", "node.kubernetes.io/instance-type": "c7g.xlarge"}),
+        False,
+    ),
+    # GFD says no GPU: only the instance type could still say yes, and m7i does not.
+    "gfd-without-gpu": (
+        node({"nvidia.com/gpu.present": "false", "node.kubernetes.io/instance-type": "m7i.2xlarge"}),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "eks-example"])
+@pytest.mark.parametrize("case", sorted(NODES))
+def test_agent_lands_on_gpu_nodes_as_stock_eks_labels_them(scenario: str, case: str) -> None:
+    pod = find(objects(SCENARIOS[scenario]), "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    the_node, gpu = NODES[case]
+    assert schedules_on(pod, the_node) is gpu
+
+
+def test_node_matcher_follows_the_schedulers_rules() -> None:
+    """The matcher itself: terms ORed, expressions ANDed, taints need a toleration of their effect."""
+    terms = [
+        {"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}, {"key": "b", "operator": "Exists"}]},
+        {"matchExpressions": [{"key": "c", "operator": "Gt", "values": ["4"]}]},
+    ]
+    required = {"nodeSelectorTerms": terms}
+    pod: dict[str, Any] = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}}
+    assert schedules_on(pod, node({"a": "1", "b": ""}))
+    assert not schedules_on(pod, node({"a": "1"}))
+    assert schedules_on(pod, node({"c": "5"}))
+    assert not schedules_on(pod, node({"c": "4"}))
+    assert not schedules_on(pod, node({"a": "1", "b": ""}, [GPU_TAINT]))
+    pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]
+    assert not schedules_on(pod, node({"a": "1", "b": ""}, [GPU_TAINT]))
+    pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert schedules_on(pod, node({"a": "1", "b": ""}, [GPU_TAINT, {**GPU_TAINT, "effect": "NoExecute"}]))
+
+
+def test_agent_data_is_on_instance_store_not_the_root_volume() -> None:
+    pod = find(objects(REQUIRED), "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["data"]["hostPath"]["path"] == DATA_DIR
+    # The pod does not start where the instance store is not mounted (the kubelet checks type Directory)...
+    assert volumes["disk"]["hostPath"] == {"path": "/mnt/k8s-disks/0", "type": "Directory"}
+    prepare = next(c for c in pod["initContainers"] if c["name"] == "prepare-host-dirs")
+    assert "disk" in {m["name"] for m in prepare["volumeMounts"]}
+    # ...instead of creating its directory on the root EBS volume.
+    assert not DATA_DIR.startswith(("/var/", "/opt/", "/home/"))
+    assert "#data-directory" in (CHART / "values.yaml").read_text()
+    assert "## Data directory" in DOCS.read_text()
+
+
+def test_default_agent_stages_what_its_pods_ask_for() -> None:
+    """No deployment is named by default: each node stages what its pods and rollouts ask for."""
+    agent = next(c for c in containers(find(objects(REQUIRED), "DaemonSet", "-agent")) if c["name"] == "agent")
+    assert "WEIGHTSHIP_AGENT_DEPLOYMENTS" not in env_names(agent)
+    assert "--deployment" not in agent.get("args", []) + agent["command"]
+    assert "deployments" not in yaml.safe_load((CHART / "examples" / "eks-values.yaml").read_text())["agent"]
+
+
+LONG_RUNNING = ("Deployment", "StatefulSet", "DaemonSet")
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_long_running_container_has_liveness_and_readiness_probes(scenario: str) -> None:
+    for _, obj in objects(SCENARIOS[scenario]):
+        if obj["kind"] in LONG_RUNNING:
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                name = f"{obj['kind']} {obj['metadata']['name']} container {container['name']}"
+                assert "livenessProbe" in container, name
+                assert "readinessProbe" in container, name
+
+
+@pytest.mark.parametrize("suffix", ["-controlplane", "-operator", "-cache-cluster", "-cache-region"])
+def test_replicated_components_have_a_disruption_budget_and_spread(suffix: str) -> None:
+    objs = objects(SCENARIOS["everything-else"])
+    workload = next(o for _, o in objs if o["kind"] in LONG_RUNNING and o["metadata"]["name"].endswith(suffix))
+    budget = find(objs, "PodDisruptionBudget", suffix)
+    assert budget["spec"]["selector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+    assert budget["spec"]["maxUnavailable"] == 1  # never blocks a drain, even with one replica
+    anti = workload["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    spread = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert {t["podAffinityTerm"]["topologyKey"] for t in spread} == {
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+    }
+    for term in spread:
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+
+
+def test_users_get_modelrollouts_through_the_aggregated_view_edit_admin_roles() -> None:
+    def granted(aggregate_to: str) -> dict[str, set[str]]:
+        verbs: dict[str, set[str]] = {}
+        for _, obj in objects(REQUIRED):
+            labels = obj["metadata"].get("labels", {})
+            if obj["kind"] == "ClusterRole" and labels.get(f"rbac.authorization.k8s.io/aggregate-to-{aggregate_to}"):
+                for rule in obj["rules"]:
+                    assert rule["apiGroups"] == ["weightship.io"]
+                    for resource in rule["resources"]:
+                        verbs.setdefault(resource, set()).update(rule["verbs"])
+        return verbs
+
+    read = {"get", "list", "watch"}
+    write = {"create", "update", "patch", "delete", "deletecollection"}
+    assert granted("view") == {"modelrollouts": read, "modelrollouts/status": read, "modelrollouts/scale": read}
+    assert granted("edit") == {
+        "modelrollouts": read | write,
+        "modelrollouts/status": read,
+        "modelrollouts/scale": read | {"update", "patch"},
+    }
+    assert granted("admin") == {**granted("edit"), "modelrollouts/status": read | {"update", "patch"}}
+
+
+def test_autoscaling_example_targets_the_docs_modelrollout_in_its_namespace() -> None:
+    (example,) = [
+        doc
+        for block in re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
+        for doc in yaml.safe_load_all(block)
+        if isinstance(doc, dict) and doc.get("kind") == "ModelRollout"
+    ]
+    keda = find(objects(SCENARIOS["eks-example"]), "ScaledObject", "-queue-depth")
+    assert keda["metadata"]["namespace"] == example["metadata"]["namespace"]
+    assert keda["spec"]["scaleTargetRef"] == {
+        "apiVersion": example["apiVersion"],
+        "kind": "ModelRollout",
+        "name": example["metadata"]["name"],
+    }
+    assert f'namespace="{example["metadata"]["namespace"]}"' in keda["spec"]["triggers"][0]["metadata"]["query"]
+    # The CRD has the scale subresource the ScaledObject (an HPA underneath) needs.
+    crd = yaml.safe_load(CRD.read_text())
+    served = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+    assert served["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"

@@ -25,7 +25,7 @@ from tests.kubernetes.conftest import OperatorProcess, VersionedEmulator, Webhoo
 from tests.kubernetes.rbac import Audit, Rbac, ServiceAccountMount, attributes, tls_server
 from tests.kubernetes.test_chart import CHART, REQUIRED
 from tests.kubernetes.test_rollouts import WAIT, analysis, apply, deployed, replicasets, rollout, status
-from weightship.testing import eventually_async
+from weightship.testing import eventually_async, free_port
 
 #: ``helm install weightship deploy/helm/weightship -n weightship`` (docs/kubernetes.md)
 RELEASE = RELEASE_NAMESPACE = "weightship"
@@ -81,6 +81,8 @@ class InClusterApi:
         process.env.update(operator_chart_env(self.objects))
         process.env.update(mount.env(self.tls))
         process.env.update({"WEIGHTSHIP_URL": cp_url, "POD_NAME": identity, "POD_NAMESPACE": RELEASE_NAMESPACE})
+        # The chart's liveness port is per pod; processes sharing this host each need their own.
+        process.env["WEIGHTSHIP_OPERATOR_LIVENESS"] = f"http://127.0.0.1:{free_port()}/healthz"
         return process
 
     def report(self) -> str:

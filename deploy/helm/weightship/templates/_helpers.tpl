@@ -78,13 +78,68 @@ seccompProfile: {type: RuntimeDefault}
       key: {{ .Values.controlplane.database.key }}
 {{- end -}}
 
+{{/* The Secret of bootstrap credentials: the user's, or the one the chart creates (bootstrap-secret.yaml). */}}
+{{- define "weightship.bootstrapSecret" -}}
+{{- .Values.bootstrap.existingSecret | default (printf "%s-bootstrap" (include "weightship.fullname" .)) -}}
+{{- end -}}
+
 {{/* The agent's enrolment token, mounted as a file (never in the environment or a process listing). */}}
 {{- define "weightship.enrolmentVolume" -}}
 - name: enrolment
   secret:
-    secretName: {{ required "agent.enrolmentSecretName is required: name an existing Secret whose key `token` holds an enrolment token (weightship token create provisioning --role agent)" .Values.agent.enrolmentSecretName }}
+    {{- if .Values.agent.enrolmentSecretName }}
+    secretName: {{ .Values.agent.enrolmentSecretName }}
     defaultMode: 0440
     items: [{key: {{ .Values.agent.enrolmentSecretKey }}, path: token}]
+    {{- else }}
+    secretName: {{ include "weightship.bootstrapSecret" . }}
+    defaultMode: 0440
+    items: [{key: agent, path: token}]
+    {{- end }}
+{{- end -}}
+
+{{/*
+Replicas of one component prefer different nodes, then different zones; "preferred" so that a
+small cluster still schedules them all. (dict "root" $ "component" "controlplane" "affinity" .Values.x.affinity)
+*/}}
+{{- define "weightship.affinity" -}}
+{{- if .affinity }}
+{{- toYaml .affinity }}
+{{- else }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "weightship.selectorLabels" . | nindent 12 }}
+    - weight: 50
+      podAffinityTerm:
+        topologyKey: topology.kubernetes.io/zone
+        labelSelector:
+          matchLabels:
+            {{- include "weightship.selectorLabels" . | nindent 12 }}
+{{- end }}
+{{- end -}}
+
+{{/* A PodDisruptionBudget: (dict "root" $ "component" "controlplane" "name" "x-controlplane" "pdb" .Values.x.podDisruptionBudget) */}}
+{{- define "weightship.pdb" -}}
+{{- if .pdb.enabled }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "weightship.labels" . | nindent 4 }}
+spec:
+  maxUnavailable: {{ .pdb.maxUnavailable }}
+  selector:
+    matchLabels:
+      {{- include "weightship.selectorLabels" . | nindent 6 }}
+{{- end }}
 {{- end -}}
 
 {{/* A cache tier's in-cluster URL: (dict "root" $ "tier" "cluster") */}}
