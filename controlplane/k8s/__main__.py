@@ -11,7 +11,9 @@ else the kubeconfig.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from collections.abc import Sequence
 
 from controlplane.k8s.operator import OperatorConfig, run
 from weightship.logs import configure
@@ -19,8 +21,15 @@ from weightship.logs import configure
 __all__ = ["main"]
 
 
-def main() -> None:
-    """Entry point."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point; it takes no arguments but ``--help``, which prints the settings above."""
+    summary, _, settings = (__doc__ or "").partition("\n\n")
+    argparse.ArgumentParser(
+        prog="weightship-operator",
+        description=summary.split(": ", 1)[-1],
+        epilog=settings,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
     configure("info", root="controlplane")
     asyncio.run(run(OperatorConfig.from_env()))
 
