@@ -9,7 +9,7 @@ PG_PORT ?= 54329
 PROM_DIR ?= /tmp/weightship-test-prom-$(shell id -u)
 PROM_PORT ?= 54330
 
-.PHONY: demo test lint unit venv clean images
+.PHONY: demo test lint unit venv clean images images-test
 
 $(STAMP): requirements.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,18 +40,19 @@ demo: $(STAMP)
 	$(BIN)/python demo/demo.py
 
 # Container images (Dockerfile): the main image (control plane, agent, operator) and the model server's.
-# SERVE_TORCH_INDEX picks torch 2.13.0's build: the CPU index (default) or https://pypi.org/simple (CUDA).
+# scripts/images.sh builds with docker when its daemon answers, else with buildah (installed from
+# Debian when missing, on a Debian base made with mmdebstrap). SERVE_TORCH_INDEX picks torch
+# 2.13.0's build: an index URL (the CPU index by default; https://pypi.org/simple for CUDA), or a
+# local directory of wheels (buildah only), e.g. SERVE_TORCH_INDEX=/opt/wheels.
 IMAGE_REPO ?= ghcr.io/weightship/weightship
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 SERVE_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 images:
-	@if ! command -v docker >/dev/null 2>&1; then \
-		echo "make images: SKIPPED: no docker command on this machine; install Docker (or build the Dockerfile elsewhere)"; exit 0; fi; \
-	if ! docker info >/dev/null 2>&1; then \
-		echo "make images: SKIPPED: docker is installed but its daemon does not answer (docker info failed); start dockerd"; exit 0; fi; \
-	set -ex; \
-	docker build --target weightship -t $(IMAGE_REPO):$(IMAGE_TAG) .; \
-	docker build --target serve --build-arg TORCH_INDEX_URL=$(SERVE_TORCH_INDEX) -t $(IMAGE_REPO)-serve:$(IMAGE_TAG) .
+	IMAGE_REPO=$(IMAGE_REPO) IMAGE_TAG=$(IMAGE_TAG) TORCH_INDEX_URL=$(SERVE_TORCH_INDEX) scripts/images.sh build all
+
+# The main image's smoke test alone (make test runs it too): build, --help of each program, /readyz.
+images-test: $(STAMP)
+	$(BIN)/pytest tests/test_images.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .weightship .pytest_cache .mypy_cache .ruff_cache
