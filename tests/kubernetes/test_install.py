@@ -30,10 +30,13 @@ import pytest
 
 from agent.config import check_disk, load_config
 from controlplane.auth import hash_secret
+from controlplane.tokens import read_bootstrap_dir
 from tests.agent.agent_processes import AgentProcess
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.kubernetes.conftest import OperatorProcess, VersionedEmulator
 from tests.kubernetes.test_chart import REQUIRED, find, objects
+from weightship.errors import ValidationError
+from weightship.schemas import Role
 from weightship.testing import eventually_async, free_port
 
 ROLES = ("admin", "agent", "operator")
@@ -202,3 +205,34 @@ def test_agent_refuses_a_quota_larger_than_its_disk(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(Exception, match="plus min_free"):
         check_disk(with_reserve)
+
+
+@pytest.mark.timeout(120)
+async def test_a_revoked_bootstrap_token_stays_revoked_across_restarts(
+    bootstrap: dict[str, str], controlplane: ControlPlaneProcess
+) -> None:
+    await controlplane.ready()
+    admin = {"Authorization": f"Bearer {bootstrap['admin']}"}
+    agent = {"Authorization": f"Bearer {bootstrap['agent']}"}
+    async with httpx.AsyncClient(base_url=controlplane.url, timeout=10) as http:
+        tokens = (await http.get("/v1/tokens", headers=admin)).raise_for_status().json()
+        (enrolment,) = [t for t in tokens if t["name"] == "bootstrap-agent"]
+        assert enrolment["role"] == "agent"
+        assert enrolment["node_id"] is None  # an enrolment token: it can enrol a node, not act for one
+        assert (await http.delete(f"/v1/tokens/{enrolment['id']}", headers=admin)).status_code == 204
+    controlplane.stop()
+    controlplane.start()  # the same Secret mounted again, as after a rollout of the Deployment
+    await controlplane.ready()
+    async with httpx.AsyncClient(base_url=controlplane.url, timeout=10) as http:
+        assert (await http.get("/v1/nodes", headers=agent)).status_code == 401
+        assert (await http.get("/v1/nodes", headers=admin)).status_code == 200
+
+
+def test_a_missing_bootstrap_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=r"WEIGHTSHIP_BOOTSTRAP_TOKENS_DIR names .*not a directory"):
+        read_bootstrap_dir(str(tmp_path / "absent"))
+    (tmp_path / "operator").write_text("  ws_operator-token-0123456789  \n")
+    (tmp_path / "agent").write_text("\n")  # empty: ignored, with a warning
+    (tmp_path / "url-signing-key").write_text("not a token")  # not a role: not read
+    assert read_bootstrap_dir(str(tmp_path)) == [(Role.operator, "ws_operator-token-0123456789")]
+    assert read_bootstrap_dir("") == []
