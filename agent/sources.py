@@ -19,6 +19,13 @@ ends with a source that was only busy (429/503), the node waits and asks again, 
 ``busy_limit`` seconds, before it goes to the origin: a busy cache will serve soon, and escalating
 every refused chunk to the origin is what turns one origin copy per cluster into several.
 
+Hung sources: a peer or cache that lets a read time out without sending a byte (for a cache:
+any timeout) is marked down for ``down_backoff`` seconds, doubling while it keeps failing, up to
+``down_backoff_max``; every other read waiting on it is cut off at once, and chunks skip it until
+the backoff ends, so a frozen cache costs a node about one timeout, not one per chunk. The
+tracker is skipped the same way after one failed request (``TRACKER_RETRY_SECONDS``, doubling up
+to ``TRACKER_RETRY_MAX``). A source that delivers again is trusted again at once.
+
 Announcements: every verified chunk (from any source) is added to the node's have-set and sent,
 batched, ``announce_debounce`` seconds later; the whole set is re-sent every
 ``announce_interval`` so a restarted tracker rebuilds its state.
@@ -36,6 +43,7 @@ import logging
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -51,8 +59,9 @@ __all__ = ["SOURCES", "Attempt", "Deferred", "SourceCounters", "Sources", "Want"
 
 log = logging.getLogger("agent.sources")
 
-#: after a tracker failed to answer, chunks skip it for this long
+#: after a tracker failed to answer, chunks skip it for this long (doubling while it keeps failing)
 TRACKER_RETRY_SECONDS = 5.0
+TRACKER_RETRY_MAX = 60.0
 
 #: every source a chunk can come from, nearest first
 SOURCES = ("local", "peer", "cluster_cache", "region_cache", "origin")
@@ -141,6 +150,8 @@ class Sources:
         announce_interval: float = 10.0,
         announce_debounce: float = 0.02,
         availability_ttl: float = 0.1,
+        down_backoff: float = 30.0,
+        down_backoff_max: float = 300.0,
         client: RangeClient | None = None,
     ) -> None:
         self.node = node
@@ -172,6 +183,13 @@ class Sources:
         #: versions the control plane refused a ticket for, already logged (they are left out of announcements)
         self._refused_logged: set[str] = set()
         self._tracker_down_until = 0.0
+        self._tracker_backoff = 0.0
+        self.down_backoff = down_backoff
+        self.down_backoff_max = down_backoff_max
+        #: source base URL -> (down until, last backoff)
+        self._down: dict[str, tuple[float, float]] = {}
+        #: source base URL -> deadlines of the reads waiting on it now
+        self._waiting: dict[str, set[asyncio.Timeout]] = {}
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -195,11 +213,13 @@ class Sources:
         """
         query = f"?version={want.version}&blob={want.blob}&index={want.index}"
         timeout = self.slow_floor + want.length / self.peer_min_rate
-        if self.tracker and asyncio.get_running_loop().time() >= self._tracker_down_until:
+        if self.tracker and asyncio.get_running_loop().time() >= self._tracker_down_until and not self.is_down(self.tracker):
             advice = await self._advice(want)
             if defer and advice is not None and not advice.sources and not advice.upstream_allowed:
                 raise Deferred(advice.retry_after or 0.2)
             for source in advice.sources if advice is not None else ():
+                if self.is_down(source.address):
+                    continue
                 yield Attempt(
                     "peer",
                     f"{source.address.rstrip('/')}/v1/chunks/{want.chunk}{query}",
@@ -208,19 +228,58 @@ class Sources:
                     self._reporter(want, source.node),
                 )
         for name, base in self.caches:
-            yield Attempt(name, f"{base}/v1/chunks/{want.chunk}{query}", timeout * 4)
+            if not self.is_down(base):
+                yield Attempt(name, f"{base}/v1/chunks/{want.chunk}{query}", timeout * 4)
+
+    def is_down(self, url: str) -> bool:
+        """Whether the source at ``url`` (its scheme, host and port) is marked down now."""
+        until, _backoff = self._down.get(_base(url), (0.0, 0.0))
+        return asyncio.get_running_loop().time() < until
+
+    def _mark_down(self, base: str, who: str) -> None:
+        """``base`` stopped answering: skip it for a backoff period and cut off every read waiting on it."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        until, backoff = self._down.get(base, (0.0, 0.0))
+        if now < until:
+            return  # already down (another read saw it first)
+        backoff = min(self.down_backoff_max, backoff * 2) if backoff else self.down_backoff
+        self._down[base] = (now + backoff, backoff)
+        waiting = self._waiting.get(base, set())
+        event(log, "sources.source_down", logging.WARNING, source=who, retry_in=backoff, cut_off=len(waiting))
+        for deadline in waiting:
+            if not deadline.expired():  # one that fired already is on its way out
+                deadline.reschedule(now)
+
+    def _tracker_failed(self, error: BaseException) -> float:
+        """The tracker did not answer: skip it for a while, longer each time in a row; returns how long.
+
+        A timeout marks its listener down too (the cluster cache's, which then is not asked for chunks either).
+        """
+        loop = asyncio.get_running_loop()
+        if isinstance(error, TimeoutError):
+            self._mark_down(_base(self.tracker), f"tracker {self.tracker}")
+        if loop.time() < self._tracker_down_until:
+            return self._tracker_backoff  # concurrent requests that failed together count once
+        self._tracker_backoff = min(TRACKER_RETRY_MAX, self._tracker_backoff * 2) if self._tracker_backoff else TRACKER_RETRY_SECONDS
+        self._tracker_down_until = loop.time() + self._tracker_backoff
+        return self._tracker_backoff
 
     async def _advice(self, want: Want) -> TrackerSources | None:
         loop = asyncio.get_running_loop()
         try:
             query = f"sources?version={want.version}&chunk={want.chunk}"
-            return TrackerSources.model_validate_json(await self._tracker_get(query, want.version))
+            advice = TrackerSources.model_validate_json(await self._tracker_get(query, want.version))
         except (aiohttp.ClientError, TimeoutError, WeightshipError, ValueError) as exc:
             # Skip it for a while rather than time out on every chunk; the caches still serve.
-            self._tracker_down_until = loop.time() + TRACKER_RETRY_SECONDS
-            event(log, "sources.tracker_unavailable", logging.WARNING, tracker=self.tracker, error=str(exc),
-                  retry_in=TRACKER_RETRY_SECONDS)  # fmt: skip
+            down = loop.time() < self._tracker_down_until
+            retry_in = self._tracker_failed(exc)
+            if not down:
+                event(log, "sources.tracker_unavailable", logging.WARNING, tracker=self.tracker, error=str(exc),
+                      retry_in=retry_in)  # fmt: skip
             return None
+        self._tracker_backoff = 0.0
+        return advice
 
     async def _tracker_get(self, query: str, version: str) -> bytes:
         """The body of ``GET <tracker>/v1/tracker/<query>`` with a ticket for ``version``; non-200 is temporary."""
@@ -235,7 +294,7 @@ class Sources:
     async def availability(self, version: str) -> Availability | None:
         """The tracker's view of ``version``'s chunks (cached ``availability_ttl``); None without one."""
         loop = asyncio.get_running_loop()
-        if not self.tracker or loop.time() < self._tracker_down_until:
+        if not self.tracker or loop.time() < self._tracker_down_until or self.is_down(self.tracker):
             return None
         async with self._seen_lock:  # one request at a time: every free slot of this node wants it
             at, seen = self._seen.get(version, (float("-inf"), None))
@@ -248,11 +307,11 @@ class Sources:
                 seen = Availability(tuple(doc.holders), frozenset(doc.fetching), frozenset(doc.cached),
                                     doc.upstream_free, tuple(doc.free))  # fmt: skip
             except (aiohttp.ClientError, TimeoutError, WeightshipError, ValueError) as exc:
-                # Without it the node keeps its own shuffled order; the sources calls still work.
+                # Without it the node keeps its own shuffled order; the sources calls skip the tracker too.
+                retry_in = self._tracker_failed(exc)
                 event(log, "sources.availability_unavailable", logging.WARNING, tracker=self.tracker,
-                      error=str(exc), retry_in=TRACKER_RETRY_SECONDS)  # fmt: skip
-                seen, at = None, loop.time() + TRACKER_RETRY_SECONDS - self.availability_ttl
-                self._seen[version] = (at, None)
+                      error=str(exc), retry_in=retry_in)  # fmt: skip
+                self._seen[version] = (loop.time() + retry_in - self.availability_ttl, None)
                 return None
             self._seen[version] = (loop.time(), seen)
             return seen
@@ -278,11 +337,31 @@ class Sources:
     async def read(self, attempt: Attempt, want: Want, into: memoryview) -> None:
         """Fill ``into`` from ``attempt`` (unverified: the caller hashes it); errors are ours."""
         who = f"{attempt.source} {attempt.parent or attempt.url.split('?', 1)[0]}"
+        if self.is_down(attempt.url):
+            raise _Down(f"{who} is marked down (it stopped answering); skipped for {want.chunk}")
         headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
+        base = _base(attempt.url)
+        received = 0
+
+        def count(nbytes: int) -> None:
+            nonlocal received
+            received += nbytes
+
+        waiting = self._waiting.setdefault(base, set())
         try:
-            async with asyncio.timeout(attempt.timeout):
-                await self.client.get(attempt.url, into[: want.length], _ignore, headers)
+            async with asyncio.timeout(attempt.timeout) as deadline:
+                waiting.add(deadline)
+                try:
+                    await self.client.get(attempt.url, into[: want.length], count, headers)
+                finally:
+                    waiting.discard(deadline)
         except TimeoutError:
+            if self.is_down(base):
+                raise _Down(f"{who} is marked down (it stopped answering); cut off for {want.chunk}") from None
+            if received == 0 or attempt.source != "peer":
+                # Not a byte in a whole timeout (or a cache that timed out): it stopped answering.
+                self._mark_down(base, who)
+                raise _Down(f"{who} sent nothing for {attempt.timeout:.1f}s for {want.chunk}; marked down") from None
             raise _Slow(f"{who} too slow for {want.chunk}") from None
         except HttpAnswer as answer:
             if answer.status in (429, 503):
@@ -291,6 +370,7 @@ class Sources:
             raise TemporaryError(
                 f"{attempt.source} answered {answer.status} for chunk {want.chunk}: {refusal.message}"
             ) from None
+        self._down.pop(base, None)  # it answers again
 
     # --- announcing ----------------------------------------------------------------------------
 
@@ -374,8 +454,10 @@ class Sources:
         return False
 
 
-def _ignore(_nbytes: int) -> None:
-    """Bytes from peers and caches are counted per source once verified, not as they arrive."""
+def _base(url: str) -> str:
+    """``scheme://host:port`` of ``url``: what a source is known by when it is marked down."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class Deferred(Exception):
@@ -392,6 +474,10 @@ class _Refused(TemporaryError):
 
 class _Slow(TemporaryError):
     """A source sent too slowly and was cut off."""
+
+
+class _Down(_Slow):
+    """A source stopped answering (marked down): skipped, or cut off when another read saw it first."""
 
 
 def is_busy(error: WeightshipError) -> bool:
