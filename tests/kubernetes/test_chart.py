@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from agent.config import LABEL_KEYS, AgentConfig, load_config
+from tests.kubernetes.rbac import Rbac, attributes, service_account_user
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "weightship"
@@ -604,6 +605,10 @@ def test_node_labels_become_agent_labels(node_api: str, tmp_path: Path) -> None:
     out = tmp_path / "agent.json"
     done = run_script(tmp_path / "node-labels.py", out, env)
     assert done.returncode == 0, done.stderr
+    # ...and the API server lets the agent's ServiceAccount make that request (chart RBAC, evaluated).
+    account = find(objs, "ServiceAccount", "-agent")["metadata"]
+    sent = attributes("GET", "/api/v1/nodes/gpu-1", {}, *service_account_user(NAMESPACE, account["name"]))
+    assert Rbac([o for _, o in objs]).authorize(sent), f"the chart does not let {sent.user} get nodes"
     config = load_config(["--config", str(out), "--control-plane", "http://cp:8080", "--name", "gpu-1"], environ={})
     assert config.labels.region == "eu-west-1"
     assert config.labels.zone == "eu-west-1b"
