@@ -117,7 +117,7 @@ def test_heartbeat_stores_the_report_and_marks_the_node_seen(
     (node,) = cp_client.get("/v1/nodes", headers=agent).json()
     assert node["stale"] is False
     assert node["inventory"][0]["state"] == "ready"
-    assert node["serving"] == [{"name": "chat", "digest": "sha256:" + "a" * 64, "epoch": 3}]
+    assert node["serving"] == [{"name": "chat", "digest": "sha256:" + "a" * 64, "epoch": 3, "hook": None}]
     assert (node["counters"]["bytes_downloaded"], node["counters"]["chunks_rejected"]) == (10, 1)
     assert node["health"]["errors"] == ["slow disk"]
 
