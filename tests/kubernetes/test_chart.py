@@ -948,3 +948,22 @@ def test_autoscaling_example_targets_the_docs_modelrollout_in_its_namespace() ->
     crd = yaml.safe_load(CRD.read_text())
     served = next(v for v in crd["spec"]["versions"] if v.get("storage"))
     assert served["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+
+
+def test_troubleshooting_table_names_every_reason_the_operator_sets() -> None:
+    """Each condition reason the operator can write on a ModelRollout has a row in the docs' table."""
+    from controlplane.rollouts.steps import AbortReason
+
+    code = {p.name: p.read_text() for p in (REPO / "controlplane" / "k8s").glob("*.py")}
+    reasons = {v for k, v in vars(AbortReason).items() if k.isupper()}
+    reasons |= set(re.findall(r'Failure\("(\w+)"', code["driver.py"]))
+    reasons |= set(re.findall(r'_refuse\(obj, "(\w+)"', code["driver.py"]))
+    reasons |= {r for pair in re.findall(r'(?:reason|why) = "(\w+)" if .* else "(\w+)"', code["status.py"]) for r in pair}
+    # KubeApiError's reason is the API server's own: the ones a refused write carries, and no answer at all.
+    assert '"KubernetesUnreachable" if exc.status == 0 else exc.reason' in code["driver.py"]
+    reasons |= {"KubernetesUnreachable", "Forbidden", "Invalid"}
+    assert {"AnalysisFailed", "ControlPlaneUnreachable", "UnknownVersion", "PodsNotReady", "RolledBackOutside"} <= reasons
+    docs = DOCS.read_text()
+    table = docs[docs.index("## Troubleshooting") :].split("\n## ", 1)[0]
+    missing = sorted(r for r in reasons if f"`{r}`" not in table)
+    assert missing == [], f"docs/kubernetes.md#troubleshooting has no row for reason(s) {missing}"
