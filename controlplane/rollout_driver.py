@@ -449,13 +449,19 @@ def _fleet(
             failures.append(f"{node.name}: {held.problem.reason}: {held.problem.message}")
         elif held is not None and held.state == VersionState.failed:
             failures.append(f"{node.name}: {held.error or 'fetch failed'}")
-        served = next((d.digest for d in node.serving if d.name == deployment), None)
+        state = next((d for d in node.serving if d.name == deployment), None)
+        served = state.digest if state is not None else None
         if served is not None:
             serving[served] = serving.get(served, 0) + 1
         if canary_on and in_canary(deployment, node.name, pointer.canary_share):
             assigned += 1
-            if served == version:
-                loaded = _model_servers(node, deployment, version, failures_before.get(node.name, 0))
+            if served == version and state is not None:
+                hooked = state.hook is None or (state.hook.ok and state.hook.digest == version)
+                loaded = (
+                    _model_servers(node, deployment, version, failures_before.get(node.name, 0))
+                    if hooked
+                    else _Loaded.NOT_YET  # the agent switched, but its external server has not been told yet
+                )
                 if loaded is _Loaded.REFUSED:
                     refused.append(f"{node.name}: its model server refused the version (failed load or validation)")
                 serving_canary += loaded in (_Loaded.YES, _Loaded.NO_SERVERS)

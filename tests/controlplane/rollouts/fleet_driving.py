@@ -33,6 +33,7 @@ from weightship.schemas import (
     NodeInfo,
     NodeRegistration,
     NodeServeMetrics,
+    SwitchHookResult,
     VersionInventory,
     VersionServeMetrics,
     VersionState,
@@ -146,13 +147,15 @@ class SimFleet:
         disk_full: Mapping[str, str] | None = None,
         refuse: Collection[str] = (),
         loading: Collection[str] = (),
+        hook_failing: Collection[str] = (),
     ) -> None:
         """Every node reports what its desired state asks; ``disk_full`` nodes cannot fetch that digest.
 
         Nodes in ``refuse`` or ``loading`` run a model server that reports its counters: it loaded
         every version it served except the canary, which it refused (failed validation) or has not
         loaded yet. ``canary_loads`` (node -> failed, passed loads of the canary, as counted since
-        the agent started) says the same for any count. Other nodes report no model server.
+        the agent started) says the same for any count. Other nodes report no model server. Nodes in
+        ``hook_failing`` switched, but their switch hook failed to tell their external server.
         """
         loads = {**self.canary_loads, **{n: (1, 0) for n in refuse}, **{n: (0, 0) for n in loading}}
         with self.state.sessions() as session:
@@ -187,9 +190,13 @@ class SimFleet:
                 versions.append(VersionServeMetrics(deployment=self.deployment, digest=self.last_canary,
                                                     validations_failed=failed, validations_passed=passed,
                                                     instances=1))  # fmt: skip
+            hook = None
+            if node.name in hook_failing and serving is not None:
+                hook = SwitchHookResult(kind="command", digest=serving, epoch=desired.epoch, ok=False,
+                                        detail="exit status 1", exit_code=1, at=datetime.now(UTC))  # fmt: skip
             report = NodeHeartbeat(
                 inventory=inventory,
-                deployments=[DeploymentState(name=self.deployment, digest=serving, epoch=desired.epoch)],
+                deployments=[DeploymentState(name=self.deployment, digest=serving, epoch=desired.epoch, hook=hook)],
                 serve=NodeServeMetrics(since=self.since, versions=versions) if node.name in loads else None,
             )
             beat = record_heartbeat(self.state, node.id, node.name, report)

@@ -138,6 +138,24 @@ def test_fleet_driver_fails_a_canary_that_never_loads_within_the_deadline(world:
     assert "canary nodes serving" in rollout["message"], rollout
 
 
+def test_a_canary_whose_switch_hook_keeps_failing_is_not_serving_and_fails_at_the_deadline(
+    world: World,
+    hook: Hook,  # noqa: F811
+) -> None:
+    hook.answers = {"quality": [0.0]}
+    world.start(_spec(hook))
+    tick(world.cp)
+    told_nobody = [n.name for n in world.fleet.nodes]
+
+    assert world.run(rounds=5, hook_failing=told_nobody)["phase"] == "Progressing"
+    assert not world.get()["analysis_runs"], "an external server never told of the canary was judged"
+    world.clock.advance(61)
+    rollout = world.run(rounds=2, hook_failing=told_nobody)
+
+    assert rollout["phase"] == "Degraded", rollout
+    assert "ProgressDeadlineExceeded" in rollout["message"], rollout
+
+
 # --- weights move whole nodes ----------------------------------------------------------------------
 
 
