@@ -139,7 +139,7 @@ def test_fleet_driver_fails_a_canary_that_never_loads_within_the_deadline(world:
 
 
 def test_a_canary_whose_switch_hook_keeps_failing_is_not_serving_and_fails_at_the_deadline(
-    world: World,
+    world: World,  # noqa: F811
     hook: Hook,  # noqa: F811
 ) -> None:
     hook.answers = {"quality": [0.0]}
