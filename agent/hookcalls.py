@@ -85,7 +85,7 @@ class SwitchHook:
 
 def _signal_number(value: object, where: str) -> int:
     text = str(value).strip().upper()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # isdigit alone takes "²", which int refuses
         number = int(text)
     else:
         name = text if text.startswith("SIG") else f"SIG{text}"
@@ -223,7 +223,7 @@ def send_signal(hook: SwitchHook) -> dict[str, Any]:
         text = Path(hook.pidfile).read_text(encoding="utf-8").strip()
     except OSError as exc:
         return {"ok": False, "detail": f"cannot read pidfile {hook.pidfile}: {exc.strerror}; is the server running?"}
-    if not text.isdigit() or int(text) <= 1:
+    if not (text.isascii() and text.isdigit()) or int(text) <= 1:
         return {"ok": False, "detail": f"pidfile {hook.pidfile} holds {text[:40]!r}, not a process id"}
     pid = int(text)
     try:

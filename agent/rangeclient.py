@@ -74,7 +74,7 @@ class _Head:
 def _parse_head(raw: bytes) -> _Head:
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not _digits(parts[1]):
         raise StoreError(f"the server answered something that is not HTTP: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -282,7 +282,7 @@ class RangeClient:
             if "chunked" in head.headers.get("transfer-encoding", "").lower():
                 raise StoreError(f"{where} sent a chunked body; chunk reads need Content-Length")
             announced = head.headers.get("content-length", "")
-            if not announced.isdigit():
+            if not _digits(announced):
                 raise StoreError(f"{where} answered 200 without a Content-Length")
             if int(announced) > length:
                 raise IntegrityError(f"{where} would send {announced} bytes for a {length}-byte chunk; refused unread")
@@ -347,7 +347,7 @@ class RangeClient:
     async def _answer_body(self, conn: _Connection, head: _Head, url: str) -> bytes | None:
         """The body of a non-200 answer when it is small and delimited (else None: the connection is not reused)."""
         announced = head.headers.get("content-length", "")
-        if not announced.isdigit() or int(announced) > _ERROR_BODY_LIMIT:
+        if not _digits(announced) or int(announced) > _ERROR_BODY_LIMIT:
             return None
         body = bytearray(int(announced))
         await self._wait(conn, conn.expect_body(memoryview(body)), url)
@@ -426,6 +426,11 @@ class RangeClient:
         if body_length < length:
             raise StoreError(f"origin sent {body_length} of the {length} bytes asked for from {_where(url)}")
         return body_length
+
+
+def _digits(text: str) -> bool:
+    """Whether ``text`` is a decimal number ``int`` takes: ASCII digits only (``str.isdigit`` also takes "²")."""
+    return text.isascii() and text.isdigit()
 
 
 def _where(url: str) -> str:
