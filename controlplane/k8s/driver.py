@@ -156,6 +156,7 @@ class RolloutDriver:
         wait_image: str = DEFAULT_WAIT_IMAGE,
         agent_paths: AgentPaths = AgentPaths(),
         clock: Callable[[], datetime] = _utc_now,
+        wait_deadline: float | None = None,
     ) -> None:
         self.kube = kube
         self.controlplane = controlplane
@@ -164,6 +165,7 @@ class RolloutDriver:
         self.wait_image = wait_image
         self.agent_paths = agent_paths
         self.clock = clock
+        self.wait_deadline = wait_deadline
 
     async def reconcile(self, namespace: str, name: str) -> None:
         """Reconcile one rollout; on a 409 re-read and try again (a few times, then later)."""
@@ -419,6 +421,7 @@ class RolloutDriver:
             body = build_replicaset(
                 rollout=name, namespace=namespace, uid=meta.get("uid"), spec=spec, digest=digest,
                 role=role, replicas=target, wait_image=self.wait_image, paths=self.agent_paths,
+                wait_deadline=self.wait_deadline,
             )  # fmt: skip
             try:
                 replicasets[current_name] = await self.kube.create_replicaset(namespace, body)

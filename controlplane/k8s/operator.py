@@ -63,6 +63,8 @@ class OperatorConfig:
     lease_seconds: float = 15.0
     interval: float = 2.0
     wait_image: str = DEFAULT_WAIT_IMAGE
+    #: how long each pod's waiter holds it for its version before giving up (None: the waiter's default)
+    wait_deadline: float | None = None
     agent_paths: AgentPaths = field(default_factory=AgentPaths)
 
     @classmethod
@@ -82,6 +84,7 @@ class OperatorConfig:
             lease_seconds=float(env.get("WEIGHTSHIP_OPERATOR_LEASE_SECONDS") or defaults.lease_seconds),
             interval=float(env.get("WEIGHTSHIP_OPERATOR_INTERVAL") or defaults.interval),
             wait_image=env.get("WEIGHTSHIP_OPERATOR_WAIT_IMAGE") or defaults.wait_image,
+            wait_deadline=float(env["WEIGHTSHIP_OPERATOR_WAIT_DEADLINE"]) if env.get("WEIGHTSHIP_OPERATOR_WAIT_DEADLINE") else None,
             agent_paths=AgentPaths(
                 data_dir=env.get("WEIGHTSHIP_AGENT_HOST_DATA_DIR") or defaults.agent_paths.data_dir,
                 socket_dir=env.get("WEIGHTSHIP_AGENT_SOCKET_DIR") or defaults.agent_paths.socket_dir,
@@ -147,6 +150,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
         runtime.driver = RolloutDriver(
             runtime.kube, ControlPlane(runtime.client), runtime.providers,
             post_event=_post_event, wait_image=config.wait_image, agent_paths=config.agent_paths,
+            wait_deadline=config.wait_deadline,
         )  # fmt: skip
         runtime.elector = LeaderElector(
             runtime.kube, config.lease_namespace, config.lease_name, config.identity, lease_seconds=config.lease_seconds

@@ -125,6 +125,7 @@ def build_replicaset(
     replicas: int,
     wait_image: str = DEFAULT_WAIT_IMAGE,
     paths: AgentPaths = AgentPaths(),
+    wait_deadline: float | None = None,
 ) -> dict[str, Any]:
     """The ReplicaSet of ``digest`` for ``rollout``, owned by the ModelRollout (garbage-collected with it)."""
     hashed = template_hash(spec)
@@ -157,6 +158,8 @@ def build_replicaset(
         "env": [digest_env, deployment_env, *agent_env],  # the deployment: the agent stages what its pointer names
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
     }
+    if wait_deadline is not None:  # the chart's operator.waitDeadlineSeconds; else the waiter's own default
+        waiter["env"].append({"name": "WEIGHTSHIP_WAIT_DEADLINE", "value": f"{wait_deadline:g}"})
     _mount(waiter, paths.socket_dir, VOLUME_SOCKET, read_only=False)
     pod["initContainers"] = [waiter, *(c for c in pod.get("initContainers") or [] if c.get("name") != waiter["name"])]
     own = {VOLUME_VERSIONS: paths.versions, VOLUME_SOCKET: paths.socket_dir}

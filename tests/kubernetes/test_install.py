@@ -30,11 +30,15 @@ import pytest
 
 from agent.config import check_disk, load_config
 from controlplane.auth import hash_secret
+from controlplane.k8s.operator import OperatorConfig
+from controlplane.k8s.replicasets import build_replicaset
+from controlplane.k8s.rollout import parse_rollout
 from controlplane.tokens import read_bootstrap_dir
 from tests.agent.agent_processes import AgentProcess
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.kubernetes.conftest import OperatorProcess, VersionedEmulator
-from tests.kubernetes.test_chart import REQUIRED, find, objects
+from tests.kubernetes.test_chart import REPO, REQUIRED, find, merged, objects
+from tests.kubernetes.test_rollouts import rollout
 from weightship.errors import ValidationError
 from weightship.schemas import Role
 from weightship.testing import eventually_async, free_port
@@ -236,3 +240,35 @@ def test_a_missing_bootstrap_directory_is_named(tmp_path: Path) -> None:
     (tmp_path / "url-signing-key").write_text("not a token")  # not a role: not read
     assert read_bootstrap_dir(str(tmp_path)) == [(Role.operator, "ws_operator-token-0123456789")]
     assert read_bootstrap_dir("") == []
+
+
+@pytest.mark.timeout(60)
+def test_a_pods_waiter_gives_up_at_the_charts_deadline_naming_what_it_waited_for(tmp_path: Path) -> None:
+    values = merged(REQUIRED, {"operator": {"waitDeadlineSeconds": 1}})
+    operator = find(objects(values), "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    config = OperatorConfig.from_env({e["name"]: e["value"] for e in operator["env"] if "value" in e})
+    assert config.wait_deadline == 1
+    digest = "sha256:" + "ab" * 32
+    replicaset = build_replicaset(
+        rollout="chat", namespace="models", uid=None, spec=parse_rollout(rollout("v2", [])["spec"]), digest=digest,
+        role="canary", replicas=1, wait_image=config.wait_image, paths=config.agent_paths,
+        wait_deadline=config.wait_deadline,
+    )  # fmt: skip
+    (waiter,) = replicaset["spec"]["template"]["spec"]["initContainers"]
+    env = {e["name"]: e["value"] for e in waiter["env"] if "value" in e}
+    assert env["WEIGHTSHIP_WAIT_DEADLINE"] == "1"
+    env["WEIGHTSHIP_AGENT_URL"] = f"unix:{tmp_path / 'agent.sock'}"  # no agent on this "node"
+    done = subprocess.run(
+        [sys.executable, *waiter["command"][1:]],
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"waiter.gave_up digest={digest} deployment=chat-prod agent=unix:{tmp_path / 'agent.sock'}" in done.stdout
+    assert "waited=1s" in done.stdout
+    # The default never hangs either: the chart always sets a deadline.
+    default = find(objects(REQUIRED), "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "WEIGHTSHIP_OPERATOR_WAIT_DEADLINE", "value": "1800"} in default["env"]
