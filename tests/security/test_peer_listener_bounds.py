@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 
+from agent.listenerbounds import ListenerBounds
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.fleet import Fleet
 from tests.agent.peers import chunk_request, largest_file, metric, peer_url, ticket
@@ -184,3 +187,77 @@ async def test_an_idle_connection_flood_leaves_the_local_api_and_chunk_requests_
             sock.close()
         await node.close()
 
+
+
+@contextlib.asynccontextmanager
+async def _bounded(bounds: ListenerBounds, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[int]:
+    """A listener with ``bounds`` serving ``handler`` at ``/``; yields its port."""
+    app = web.Application(middlewares=[bounds.middleware])
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    assert runner.server is not None
+    bounds.serve(sock, runner.server)
+    try:
+        yield port
+    finally:
+        await bounds.stop()
+        await runner.cleanup()
+
+
+async def _closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    async with asyncio.timeout(within):
+        return await reader.read() == b""
+
+
+async def test_a_connection_that_never_finishes_its_request_head_is_closed_after_the_idle_timeout() -> None:
+    async def ok(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    bounds = ListenerBounds("test", logging.getLogger("tests.bounds"), max_connections=8, idle_timeout=0.3)
+    async with _bounded(bounds, ok) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # half a head, and then nothing (slowloris)
+        await writer.drain()
+        started = time.monotonic()
+        assert await _closed_by_server(reader, 5.0)
+        assert time.monotonic() - started < 2.0
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_at_the_connection_cap_the_idlest_connection_makes_room_and_busy_ones_are_kept() -> None:
+    release = asyncio.Event()
+    waiting: list[str] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        if request.query.get("wait"):
+            waiting.append(request.query["wait"])
+            await release.wait()
+        return web.Response(text="ok")
+
+    bounds = ListenerBounds("test", logging.getLogger("tests.bounds"), max_connections=2, idle_timeout=30)
+    async with _bounded(bounds, slow) as port, httpx.AsyncClient(timeout=5) as http:
+        idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        busy = asyncio.create_task(http.get(f"http://127.0.0.1:{port}/", params={"wait": "1"}))
+        await eventually(lambda: len(waiting) == 1 and bounds.connections() == 2, 5, "an idle and a busy connection")
+        # a third: the idle one is closed to make room, the busy one is kept
+        async with httpx.AsyncClient(timeout=5) as other:
+            assert (await other.get(f"http://127.0.0.1:{port}/")).status_code == 200
+        assert await _closed_by_server(idle_reader, 5.0)
+        assert bounds.evicted == 1
+        # every connection busy: a new one is answered 503 and closed
+        async with httpx.AsyncClient(timeout=5) as third:
+            blocker = asyncio.create_task(third.get(f"http://127.0.0.1:{port}/", params={"wait": "2"}))
+            await eventually(lambda: len(waiting) == 2 and bounds.connections() == 2, 5, "two busy connections")
+            async with httpx.AsyncClient(timeout=5) as refused:
+                assert (await refused.get(f"http://127.0.0.1:{port}/")).status_code == 503
+            release.set()
+            assert (await blocker).status_code == 200
+        assert (await busy).status_code == 200
+        idle_writer.close()
+        await idle_writer.wait_closed()
