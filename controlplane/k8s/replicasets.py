@@ -137,11 +137,13 @@ def build_replicaset(
     pod = template["spec"]
     digest_env = {"name": "WEIGHTSHIP_DIGEST", "value": digest}
     deployment_env = {"name": "WEIGHTSHIP_DEPLOYMENT", "value": spec.deployment}
+    # Where the version directories are mounted (the chart's agent.hostDataDir + /versions), so a
+    # server reads "$WEIGHTSHIP_VERSIONS_DIR/<hex of WEIGHTSHIP_DIGEST>" whatever the node layout.
+    versions_env = {"name": "WEIGHTSHIP_VERSIONS_DIR", "value": paths.versions}
+    ours = ("WEIGHTSHIP_DIGEST", "WEIGHTSHIP_DEPLOYMENT", "WEIGHTSHIP_VERSIONS_DIR")
     for container in pod["containers"]:
-        kept = [
-            e for e in container.get("env") or [] if e.get("name") not in ("WEIGHTSHIP_DIGEST", "WEIGHTSHIP_DEPLOYMENT")
-        ]
-        container["env"] = [*kept, digest_env, deployment_env]
+        kept = [e for e in container.get("env") or [] if e.get("name") not in ours]
+        container["env"] = [*kept, digest_env, deployment_env, versions_env]
         _mount(container, paths.versions, VOLUME_VERSIONS, read_only=True)
         _mount(container, paths.socket_dir, VOLUME_SOCKET, read_only=False)
     if spec.agent_port is None:

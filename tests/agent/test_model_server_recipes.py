@@ -72,7 +72,7 @@ def test_the_pinned_pod_serves_its_digests_version_directory(tmp_path: Path) -> 
     (container,) = template["spec"]["containers"]
     assert container["command"] == ["/bin/sh", "-c"]
     (line,) = container["args"]
-    env = {"WEIGHTSHIP_DIGEST": f"sha256:{HEX}", "WEIGHTSHIP_DEPLOYMENT": "chat"}  # what the operator sets
+    env = {"WEIGHTSHIP_DIGEST": f"sha256:{HEX}", "WEIGHTSHIP_DEPLOYMENT": "chat", "WEIGHTSHIP_VERSIONS_DIR": f"{data}/versions"}  # what the operator sets
     args = run(tmp_path, ["/bin/sh", "-c", line.replace("/var/lib/weightship", str(data))], env, "vllm")
     assert args == [
         "serve", f"{data}/versions/{HEX}", "--served-model-name", f"sha256:{HEX}", "chat",

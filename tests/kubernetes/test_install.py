@@ -37,7 +37,7 @@ from controlplane.tokens import read_bootstrap_dir
 from tests.agent.agent_processes import AgentProcess
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.kubernetes.conftest import OperatorProcess, VersionedEmulator
-from tests.kubernetes.test_chart import REPO, REQUIRED, find, merged, objects
+from tests.kubernetes.test_chart import DATA_DIR, REPO, REQUIRED, find, merged, objects
 from tests.kubernetes.test_rollouts import rollout
 from weightship.errors import ValidationError
 from weightship.schemas import Role
@@ -255,6 +255,9 @@ def test_a_pods_waiter_gives_up_at_the_charts_deadline_naming_what_it_waited_for
         wait_deadline=config.wait_deadline,
     )  # fmt: skip
     (waiter,) = replicaset["spec"]["template"]["spec"]["initContainers"]
+    (server,) = replicaset["spec"]["template"]["spec"]["containers"]
+    versions = {"name": "WEIGHTSHIP_VERSIONS_DIR", "value": f"{DATA_DIR}/versions"}  # the chart's default, told to the server
+    assert versions in server["env"]
     env = {e["name"]: e["value"] for e in waiter["env"] if "value" in e}
     assert env["WEIGHTSHIP_WAIT_DEADLINE"] == "1"
     env["WEIGHTSHIP_AGENT_URL"] = f"unix:{tmp_path / 'agent.sock'}"  # no agent on this "node"
