@@ -15,9 +15,10 @@ A cache is the agent run with ``--role cache``: no deployments of its own, a pee
    the first request starts the fetch (a task, so a requester that hangs up does not cancel it
    for the others) and every request for the same digest awaits it (*single flight*).
 3. **Upstream.** The fetch goes to ``upstream`` (the next tier's cache, ``/v1/chunks`` with the
-   cache's *own* ticket: it is entitled to every version a pointer names; requesters' tickets
-   are never forwarded) or, with no upstream, or when the upstream is unreachable or does not
-   have it, to the origin through a blob URL from the control plane (a ``Range`` read). At most
+   cache's *own* ticket for that version, bound to the upstream cache's name: it is entitled to
+   every version a pointer names; requesters' tickets are never forwarded) or, with no upstream,
+   or when the upstream is unreachable or does not have it, to the origin through a blob URL from
+   the control plane (a ``Range`` read). At most
    ``upstream_concurrency`` fetches run at once, paced by ``upstream_bandwidth``.
 4. **Read-ahead.** The first request for a version (a chunk, or the tracker's availability for
    it) starts reading the whole version from upstream in chunk order, ``read_ahead`` streams at
@@ -48,7 +49,7 @@ from agent.bandwidth import SLICE, TokenBucket
 from agent.chunkstore import ChunkStore
 from agent.peerserver import ChunkLocation, chunk_path
 from agent.problems import answer_error
-from agent.tickets import TicketKeeper
+from agent.tickets import Audiences, TicketKeeper
 from agent.tracker import chunk_order
 from weightship.digests import sha256_hex
 from weightship.errors import NotFoundError, TemporaryError, WeightshipError
@@ -136,6 +137,7 @@ class ReadThroughCache:
         self._avoid_upstream_until = 0.0
         self._http: aiohttp.ClientSession | None = None
         self._urls: dict[str, BlobURL] = {}
+        self._audiences = Audiences()
 
     async def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
@@ -148,6 +150,7 @@ class ReadThroughCache:
             task.cancel()
         if self._http is not None:
             await self._http.close()
+        await self._audiences.close()
 
     # --- what the cache knows ------------------------------------------------------------------
 
@@ -410,7 +413,8 @@ class ReadThroughCache:
             raise TemporaryError(f"{what} failed: {exc!r}") from None
 
     async def _from_upstream(self, version: str, blob: str, index: int, chunk: str, length: int) -> bytes:
-        ticket = await self.tickets.ticket_for(self.manifests)
+        # a ticket for this one version, bound to the upstream cache it is sent to
+        ticket = await self.tickets.ticket_for([version], await self._audiences.name_of(self.upstream))
         url = f"{self.upstream}/v1/chunks/{chunk}?version={version}&blob={blob}&index={index}"
         return await self._get(url, {"Authorization": f"Ticket {ticket}"}, length, f"upstream {self.upstream}")
 

@@ -119,6 +119,9 @@ class AgentConfig:
     tracker_fanout: int = 4
     #: (cluster cache) most chunk fetches from the caches the tracker grants at once
     tracker_upstream_slots: int = 8
+    #: (cluster cache) the cluster's networks (comma-separated CIDRs): announced peer addresses must
+    #: be IPs inside them; empty: any address but link-local and metadata (``agent.tracker_limits``)
+    tracker_networks: str = ""
     #: per deployment, how to tell an external model server that its ``current`` link moved
     #: (``agent.switchhooks``; file: a ``[switch_hooks.<deployment>]`` table; flag: ``--switch-hook``)
     switch_hooks: tuple[SwitchHook, ...] = ()
@@ -244,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tracker-fanout", help="(cluster cache) children per parent at once (default 4)")
     parser.add_argument(
         "--tracker-upstream-slots", help="(cluster cache) chunk fetches from the caches at once (default 8)"
+    )
+    parser.add_argument(
+        "--tracker-networks", help="(cluster cache) CIDRs announced peer addresses must lie in, comma-separated"
     )
     parser.add_argument(
         "--switch-hook",

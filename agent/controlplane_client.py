@@ -118,9 +118,9 @@ class ControlPlaneClient:
         check_manifest_bytes(raw, digest, "the manifest the control plane sent")
         return raw
 
-    async def ticket(self, versions: Sequence[str]) -> TicketGrant:
-        """An entitlement ticket naming this node and ``versions`` (403 for any it is not entitled to)."""
-        body = TicketRequest(versions=list(versions))
+    async def ticket(self, versions: Sequence[str], audience: str | None = None) -> TicketGrant:
+        """An entitlement ticket naming this node, ``versions`` (403 for any it is not entitled to) and ``audience``."""
+        body = TicketRequest(versions=list(versions), audience=audience)
         return parse(TicketGrant, await self._session.send("POST", "/v1/tickets", json=body))
 
     async def ticket_keys(self) -> TicketKeys:

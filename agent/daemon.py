@@ -61,6 +61,7 @@ from agent.switchhooks import SwitchHooks
 from agent.tickets import TicketKeeper
 from agent.tracker import Tracker, TrackerSettings, chunk_order
 from agent.tracker_api import TrackerRoutes
+from weightship.addresses import parse_networks
 from weightship.backoff import DelaySequence
 from weightship.errors import AuthError, ConflictError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
@@ -199,7 +200,7 @@ class Agent:
             node=cfg.name,
             address="",  # the peer listener's, once it listens; a node without one does not announce
             labels=cfg.labels.model_dump(exclude_none=True),
-            tickets=lambda versions: self.tickets.ticket_for(versions),
+            tickets=lambda versions, audience=None: self.tickets.ticket_for(versions, audience),
             tracker=cfg.tracker or cfg.cluster_cache,
             cluster_cache=cfg.cluster_cache,
             region_cache=cfg.region_cache,
@@ -230,12 +231,13 @@ class Agent:
             cache.start_read_ahead(version)
             return cache.held_indexes(version)
 
-        return TrackerRoutes(Tracker(settings), self.tickets, manifest, cached, cache.store.holds)
+        networks = parse_networks(self.config.tracker_networks)
+        return TrackerRoutes(Tracker(settings), self.tickets, manifest, cached, cache.store.holds, networks=networks)
 
     def _peer_setup(self, assembler: Assembler) -> None:
         """The peer listener (when configured; always on a cache), its tickets and, on a cache, the chunk cache."""
         cfg = self.config
-        self.tickets = TicketKeeper(self.controlplane)
+        self.tickets = TicketKeeper(self.controlplane, me=cfg.name)
         self.cache: ReadThroughCache | None = None
         locator: ChunkLocator = VersionChunks(self.store.ready, self.store.path, assembler.staging)
         if cfg.role == "cache":

@@ -189,6 +189,7 @@ class PeerServer:
         )
         self.app.router.add_get("/v1/chunks/{chunk}", self._chunk)
         self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_get("/v1/identity", self._identity)
         self.app.router.add_get("/metrics", self._metrics)
         self.extra_metrics = extra_metrics
         if extra_routes is not None:
@@ -228,6 +229,10 @@ class PeerServer:
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _identity(self, _request: web.Request) -> web.Response:
+        # The node name requesters bind their tickets to (their audience); public, like /healthz.
+        return web.json_response({"node": self.tickets.me})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(text=self.metrics_text(), content_type="text/plain")

@@ -49,6 +49,7 @@ import aiohttp
 
 from agent.problems import answer_error, status_error
 from agent.rangeclient import HttpAnswer, RangeClient
+from agent.tickets import Audiences
 from agent.tracker import Availability, bitmap_of, chunk_order
 from weightship.errors import ForbiddenError, IntegrityError, TemporaryError, WeightshipError
 from weightship.logs import event
@@ -136,7 +137,7 @@ class Sources:
         node: str,
         address: str,
         labels: dict[str, str],
-        tickets: Callable[[list[str]], Awaitable[str]],
+        tickets: Callable[..., Awaitable[str]],
         tracker: str = "",
         cluster_cache: str = "",
         region_cache: str = "",
@@ -159,7 +160,9 @@ class Sources:
         self._own_client = client is None
         self.address = address
         self.labels = labels
+        #: ``tickets(versions)`` or ``tickets(versions, audience)``: a ticket naming the node it is sent to
         self.tickets = tickets
+        self.audiences = Audiences()
         self.tracker = tracker.rstrip("/")
         self.caches = [
             (n, u.rstrip("/")) for n, u in (("cluster_cache", cluster_cache), ("region_cache", region_cache)) if u
@@ -200,6 +203,7 @@ class Sources:
         """Close the HTTP session."""
         if self._session is not None:
             await self._session.close()
+        await self.audiences.close()
         if self._own_client:
             await self.client.close()
 
@@ -284,7 +288,7 @@ class Sources:
     async def _tracker_get(self, query: str, version: str) -> bytes:
         """The body of ``GET <tracker>/v1/tracker/<query>`` with a ticket for ``version``; non-200 is temporary."""
         http = await self._http()
-        headers = {"Authorization": f"Ticket {await self.tickets([version])}"}
+        headers = {"Authorization": f"Ticket {await self._ticket_to([version], base=self.tracker)}"}
         url = f"{self.tracker}/v1/tracker/{query}"
         async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:
             if response.status != 200:
@@ -326,11 +330,22 @@ class Sources:
         event(log, "sources.parent_reported", logging.WARNING, parent=parent, reason=reason, chunk=want.chunk)
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, WeightshipError):
             http = await self._http()
-            headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
+            headers = {"Authorization": f"Ticket {await self._ticket_to([want.version], base=self.tracker)}"}
             body = {"node": parent, "version": want.version, "chunk": want.chunk, "reason": reason}
             async with http.post(f"{self.tracker}/v1/tracker/report", json=body, headers=headers,
                                  timeout=aiohttp.ClientTimeout(total=5)):  # fmt: skip
                 pass
+
+    async def _ticket_to(self, versions: list[str], parent: str = "", base: str = "") -> str:
+        """A ticket for ``versions`` bound to where it is sent: peer ``parent``, or the listener at ``base``.
+
+        Bound to its audience, a ticket a hostile peer harvests opens nothing at another peer or cache.
+        """
+        # A listener marked down is not asked who it is (that would wait out another timeout).
+        audience = parent or (await self.audiences.name_of(base) if base and not self.is_down(base) else None)
+        if audience is None:
+            return await self.tickets(versions)
+        return await self.tickets(versions, audience)
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -339,7 +354,8 @@ class Sources:
         who = f"{attempt.source} {attempt.parent or attempt.url.split('?', 1)[0]}"
         if self.is_down(attempt.url):
             raise _Down(f"{who} is marked down (it stopped answering); skipped for {want.chunk}")
-        headers = {"Authorization": f"Ticket {await self.tickets([want.version])}"}
+        listener = attempt.url.split("/v1/chunks/", 1)[0]
+        headers = {"Authorization": f"Ticket {await self._ticket_to([want.version], attempt.parent, listener)}"}
         base = _base(attempt.url)
         received = 0
 
@@ -418,7 +434,7 @@ class Sources:
         version is dropped from the announcement, logged once, and the rest is still announced.
         """
         try:
-            return await self.tickets(sorted(versions))
+            return await self._ticket_to(sorted(versions), base=self.tracker)
         except ForbiddenError as exc:
             refused = set(str(exc.fields.get("refused") or "").split(",")) & set(versions)
             if not refused:
@@ -428,7 +444,7 @@ class Sources:
             self._refused_logged |= refused
             for version in refused:
                 del versions[version]
-            return await self.tickets(sorted(versions)) if versions else None
+            return await self._ticket_to(sorted(versions), base=self.tracker) if versions else None
 
     async def announce(self) -> bool:
         """One announcement of everything held; False (logged) when it failed: the next one repeats it."""

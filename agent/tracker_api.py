@@ -18,6 +18,8 @@ numbers are the version's ``chunk_order``; the manifest comes from the cache (wh
 version a pointer names), so a bitmap naming chunks the version does not have is refused, and
 one longer than the version's chunk count needs is refused before it is decoded or expanded.
 Bodies past ``agent.peerserver.MAX_BODY`` are refused before they are read.
+Each node's requests are rate-limited, a version the cache does not know is a cached miss, and an
+announced address must be the node's own (``agent.tracker_limits``).
 Errors escape the handlers to the peer listener's boundary (``agent.problems``), which answers
 them as RFC 9457 problem details.
 """
@@ -27,13 +29,15 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from aiohttp import web
 from pydantic import ValidationError as PydanticValidationError
 
 from agent.tickets import TicketKeeper
 from agent.tracker import NodeView, Reason, Tracker, chunk_order, indexes_of
+from agent.tracker_limits import MissCache, RequestRate, check_announced
+from weightship.addresses import Network
 from weightship.errors import ForbiddenError, NotFoundError, ValidationError
 from weightship.logs import event
 from weightship.manifest import Manifest
@@ -58,8 +62,16 @@ class TrackerRoutes:
         manifests: Callable[[str], Awaitable[Manifest]],
         cached: Callable[[Manifest], Iterable[int]] = lambda _m: (),
         holds: Callable[[str], bool] = lambda _chunk: False,
+        *,
+        networks: Sequence[Network] = (),
+        rate: RequestRate | None = None,
+        misses: MissCache | None = None,
     ) -> None:
         self.tracker = tracker
+        #: the cluster's networks announced addresses must lie in (none: any address but link-local/metadata)
+        self.networks = tuple(networks)
+        self.rate = rate or RequestRate()
+        self.misses = misses or MissCache()
         self.tickets = tickets
         self.manifests = manifests
         #: chunk indexes (chunk order) of a version the cache holds; the cache's read-ahead starts here
@@ -80,7 +92,8 @@ class TrackerRoutes:
     async def _order(self, version: str) -> dict[str, int]:
         order = self._orders.get(version)
         if order is None:
-            order = {digest: i for i, digest in enumerate(chunk_order(await self.manifests(version)))}
+            manifest = await self.misses.lookup(version, self.manifests)
+            order = {digest: i for i, digest in enumerate(chunk_order(manifest))}
             self._orders[version] = order
         return order
 
@@ -103,6 +116,9 @@ class TrackerRoutes:
                         f"ticket names node {ticket.node!r} but the announcement is for {body.node!r}; "
                         "a node announces only for itself"
                     )
+                if not held:
+                    self.rate.admit(ticket.node)
+                    check_announced(body.address, ticket, self.networks)
                 count = len(await self._order(version))
                 held[version] = list(indexes_of(_decode(have.have, count), count))
             if not held:
@@ -136,6 +152,7 @@ class TrackerRoutes:
         version = request.query.get("version", "")
         chunk = request.query.get("chunk", "")
         ticket = await self.tickets.check(request.headers.get("Authorization"), version)
+        self.rate.admit(ticket.node)
         index = (await self._order(version)).get(chunk)
         if index is None:
             raise NotFoundError(f"version {version} has no chunk {chunk}")
@@ -150,8 +167,9 @@ class TrackerRoutes:
     async def _availability(self, request: web.Request) -> web.Response:
         version = request.query.get("version", "")
         ticket = await self.tickets.check(request.headers.get("Authorization"), version)
+        self.rate.admit(ticket.node)
+        order = await self._order(version)  # first: a version no pointer names is a cached miss
         manifest = await self.manifests(version)
-        order = await self._order(version)
         seen = self.tracker.availability(ticket.node, version, len(order), self.cached(manifest))
         answer = TrackerAvailability(
             holders=list(seen.holders),
@@ -166,6 +184,7 @@ class TrackerRoutes:
         try:
             body = TrackerReport.model_validate_json(await request.read())
             ticket = await self.tickets.check(request.headers.get("Authorization"), body.version)
+            self.rate.admit(ticket.node)
             index = (await self._order(body.version)).get(body.chunk)
             if index is None:
                 raise NotFoundError(f"version {body.version} has no chunk {body.chunk}")

@@ -7,8 +7,9 @@ everything. Every ``/v1`` route declares the roles it admits with ``require(...)
 **Node identity.** An ``agent`` token comes in two kinds:
 
 - an *enrolment token* (``node_id`` empty), minted by an admin and handed to machines as they are
-  provisioned: it may enrol a node (``POST /v1/nodes/enrol``, ``require_enrolment``) but never
-  act for one;
+  provisioned: it may enrol a node (``POST /v1/nodes/enrol``, ``require_enrolment``) and nothing
+  else: never act for one, nor read (``require`` refuses it everywhere). It may carry a scope
+  (``TokenRow.deployments``, ``TokenRow.node_role``) that becomes what its nodes are assigned;
 - a *node token*, minted by enrolment and bound to one node: it registers, heartbeats and reads
   desired state for that node only (``require_node``, ``ensure_acts_for``). Anything else is 403.
 

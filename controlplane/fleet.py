@@ -4,10 +4,14 @@
 (``POST /v1/nodes/enrol``): the node is created (or, when its name is known but no node token of it
 is active, taken over: same id) and a node token bound to it is returned, once. A name whose node
 token is active is refused (409): no enrolment token can hijack an enrolled node; an admin
-revoking that node token is what frees the name (a replaced machine). Afterwards the node
-re-registers (``POST /v1/nodes/register``, labels and deployments replaced, same id), heartbeats
-and reads its desired state with its node token only; for any other node that token gets 403
-(``controlplane.auth``). Enrolments of one name are serialised by a write to the node's row made
+revoking that node token is what frees the name (a replaced machine). Enrolment fixes what the
+control plane trusts about the node: its *assigned* deployments (the enrolment token's scope;
+``None``: all), its role (``cache`` only from a token minted for caches: 403 otherwise) and its
+labels. Afterwards the node re-registers (``POST /v1/nodes/register``, same id; the deployments
+it wants to follow and its address replaced, its role and labels kept: another role is 403),
+heartbeats and reads its desired state with its node token only; for any other node that token
+gets 403 (``controlplane.auth``). An admin registering is trusted: role and labels replaced. A
+peer address that is link-local or a metadata service is refused (``weightship.addresses``). Enrolments of one name are serialised by a write to the node's row made
 before the active-token check, so concurrent enrolments yield one token and 409s.
 
 **Heartbeats** store the agent's whole report (inventory, what it serves, counters, health) and
@@ -60,6 +64,7 @@ from controlplane.persistence.heartbeats import HeartbeatWrite
 from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, unknown_node
 from controlplane.state import AppState
 from controlplane.tokens import active_node_token, mint_node_token
+from weightship.addresses import check_peer_address
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, ForbiddenError, NotFoundError, ValidationError
 from weightship.schemas import (
@@ -214,6 +219,8 @@ def register_node(
     proposed = body.token if isinstance(body, NodeEnrolRequest) else None
     if body.role not in _NODE_ROLES:
         raise ValidationError(f"node role must be one of {', '.join(_NODE_ROLES)}; got {body.role!r}")
+    if body.address:
+        check_peer_address(body.address, what=f"node {body.name!r}: peer address")
     for attempt in range(2):
         now = utcnow()
         with state.sessions() as session:

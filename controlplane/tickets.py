@@ -210,7 +210,7 @@ def issue_ticket(
         ready = set(
             session.scalars(select(VersionRow.digest).where(VersionRow.digest.in_(wanted), VersionRow.state == "ready"))
         )
-        name, role = node.name, node.role
+        name, role, address = node.name, node.role, node.address
     refused = [v for v in wanted if v not in entitled or v not in ready]
     if refused:
         log.warning("ticket_refused node=%s role=%s refused=%s", name, role, ",".join(refused))
@@ -229,6 +229,7 @@ def issue_ticket(
         iat=issued,
         exp=issued + state.settings.ticket_ttl_seconds,
         aud=audience,
+        addr=address,
     )
     token = sign_ticket(keys.private, ticket)
     log.info("ticket_issued node=%s versions=%d audience=%s kid=%s exp=%d", name, len(wanted), audience, keys.kid,

@@ -4,7 +4,8 @@ A ticket is ``base64url(payload) + "." + base64url(signature)`` (no padding), wh
 is canonical JSON (sorted keys, no whitespace, UTF-8)::
 
     {"v": 1, "kid": "<key id>", "node": "<node name>", "versions": ["sha256:…", …],
-     "aud": "<node name>", "iat": <issued at, unix s>, "exp": <expires at, unix s>}
+     "aud": "<node name>", "addr": "<registered peer address>", "iat": <issued at, unix s>,
+     "exp": <expires at, unix s>}
 
 and ``signature`` is the ed25519 signature of exactly those payload bytes by the control plane's
 key ``kid``. Peers, caches and the tracker check a ticket *offline*: with the public keys they got
@@ -18,8 +19,10 @@ tracker) it is sent to, which accepts it only when ``aud`` is its own name
 fetched); tickets are short-lived (10 minutes by default); and the tracker refuses an announce
 whose ``node`` differs from the ticket's node. A ticket harvested by the peer it was sent to opens
 nothing at any other peer or cache, and never lets its holder pose as another node in the swarm.
-``aud`` is left out of the payload when a ticket has none (such a ticket is accepted nowhere
-that checks the audience).
+``aud`` is left out of the payload when a ticket has none (a plain bearer ticket, asked for
+without an audience; agents always ask with one). ``addr`` is the peer address the node
+registered, when it has one: the tracker accepts an announcement only for that address, so a node
+cannot point the swarm (and its tickets) anywhere else.
 
 Errors map onto HTTP like this: no ticket (``TicketMissing``) or one that does not parse or
 verify (``TicketInvalid``) is 401; a valid ticket that expired (``TicketExpired``) or does not
@@ -117,6 +120,8 @@ class Ticket:
     exp: int
     #: the node the ticket is sent to (a peer, cache or tracker): the only one that accepts it
     aud: str | None = None
+    #: the peer address the node registered (what it may announce to the tracker)
+    addr: str | None = None
 
     def payload(self) -> dict[str, Any]:
         """The JSON object that is signed (versions sorted, so equal tickets sign equal bytes)."""
@@ -130,6 +135,8 @@ class Ticket:
         }
         if self.aud is not None:
             body["aud"] = self.aud
+        if self.addr is not None:
+            body["addr"] = self.addr
         return body
 
     def require_audience(self, me: str) -> None:
@@ -244,9 +251,13 @@ def _parse_payload(body: bytes) -> Ticket:
         raise TicketInvalid("ticket payload lacks 'kid' or 'node'")
     if aud is not None and not (isinstance(aud, str) and aud):
         raise TicketInvalid("ticket payload 'aud' must be a node name")
+    addr = obj.get("addr")
+    if addr is not None and not isinstance(addr, str):
+        raise TicketInvalid("ticket payload 'addr' must be a URL")
     if not (isinstance(iat, int) and isinstance(exp, int)) or isinstance(iat, bool) or isinstance(exp, bool):
         raise TicketInvalid("ticket payload 'iat' and 'exp' must be integers (unix seconds)")
-    return Ticket(kid=kid, node=node, versions=frozenset(_string_list(obj.get("versions"))), iat=iat, exp=exp, aud=aud)
+    return Ticket(kid=kid, node=node, versions=frozenset(_string_list(obj.get("versions"))), iat=iat, exp=exp, aud=aud,
+                  addr=addr)
 
 
 def verify_ticket(token: str | None, public_keys: Mapping[str, Ed25519PublicKey], now: float) -> Ticket:

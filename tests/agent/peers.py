@@ -23,13 +23,15 @@ from weightship.manifest import Manifest
 from weightship.schemas import NodeEnrolRequest
 
 
-def ticket(fleet: Fleet, name: str, deployments: Sequence[str], versions: Sequence[str]) -> str:
-    """A ticket the control plane signs for a freshly enrolled node ``name``."""
+def ticket(
+    fleet: Fleet, name: str, deployments: Sequence[str], versions: Sequence[str], audience: str | None = None
+) -> str:
+    """A ticket the control plane signs for a freshly enrolled node ``name`` (bound to ``audience`` if given)."""
     with fleet.cp.client(ADMIN_TOKEN) as admin:
         token = admin.enrol_node(NodeEnrolRequest(name=name, deployments=list(deployments))).token
     response = httpx.post(
         f"{fleet.cp.url}/v1/tickets",
-        json={"versions": list(versions)},
+        json={"versions": list(versions), "audience": audience},
         headers={"Authorization": f"Bearer {token}"},
         timeout=10,
     )

@@ -52,7 +52,7 @@ async def test_poisoned_peer_is_rejected_reported_avoided_and_the_fetch_complete
         tracker.announce(NodeView("poison", bad_url, upload_slots_free=50), {manifest.digest: everything})
         tracker.announce(NodeView("honest", good_url, upload_slots_free=1), {manifest.digest: everything})
 
-        async def tickets(versions: list[str]) -> str:
+        async def tickets(versions: list[str], audience: str | None = None) -> str:
             return signer.sign("me", versions)
 
         sources = Sources(node="me", address="http://127.0.0.1:1", labels={}, tickets=tickets, tracker=track_url,
@@ -114,7 +114,7 @@ async def test_a_slow_parent_is_cut_off_reported_and_replaced(
         tracker.announce(NodeView("slow", runners[0][1], upload_slots_free=50), {manifest.digest: everything})
         tracker.announce(NodeView("honest", runners[1][1], upload_slots_free=50), {manifest.digest: everything})
 
-        async def tickets(versions: list[str]) -> str:
+        async def tickets(versions: list[str], audience: str | None = None) -> str:
             return signer.sign("me", versions)
 
         # 0.3 s allowance and a rate no chunk from the stalled parent can meet
@@ -154,7 +154,7 @@ async def test_with_the_tracker_and_cache_down_a_node_falls_back_up_the_tiers_to
         dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
     signer = Signer()
 
-    async def tickets(versions: list[str]) -> str:
+    async def tickets(versions: list[str], audience: str | None = None) -> str:
         return signer.sign("me", versions)
 
     sources = Sources(node="me", address="", labels={}, tickets=tickets, tracker=dead, cluster_cache=dead)
@@ -186,7 +186,7 @@ async def test_a_busy_cache_is_waited_for_instead_of_sending_the_chunk_to_the_or
     runner, cache_url = await serve(app)
     signer = Signer()
 
-    async def tickets(versions: list[str]) -> str:
+    async def tickets(versions: list[str], audience: str | None = None) -> str:
         return signer.sign("me", versions)
 
     sources = Sources(node="me", address="", labels={}, tickets=tickets, cluster_cache=cache_url)

@@ -3,12 +3,20 @@
 From ``tests/controlplane/conftest.py``: a live control plane over HTTP on the parametrised
 database, the origin-store parametrisation (local directory and moto S3) and the step-by-step
 ``publisher``. From ``tests/agent/conftest.py``: the agent tests' real control plane, fault proxy
-and agent processes.
+and agent processes; ``cluster_cache``: a cluster cache process (with the tracker).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.conftest import controlplane, deployment, fleet, model, proxy, spawn, versions
+from tests.agent.fleet import Fleet
+from tests.agent.peers import start_cache
 from tests.controlplane.conftest import (
     cp_client,
     cp_settings,
@@ -37,3 +45,13 @@ __all__ = [
     "spawn",
     "versions",
 ]
+
+
+@pytest.fixture
+async def cluster_cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
+    """A cluster cache (which runs the tracker) on a free port, enrolled with the caches' token; stopped after."""
+    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
+    await process.ready()
+    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
+    yield process
+    await process.close()
