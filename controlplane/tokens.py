@@ -7,9 +7,10 @@ the audit trail (``created_by`` of later tokens, pointer events naming the actor
 Bootstrap tokens let an install start with every credential in place, minting nothing by hand
 afterwards. The admin one comes from ``WEIGHTSHIP_ADMIN_TOKEN``; any role's from a file named after
 the role in ``WEIGHTSHIP_BOOTSTRAP_TOKENS_DIR`` (the Helm chart mounts its bootstrap Secret there:
-``agent`` is the nodes' enrolment token, ``operator`` the ModelRollout operator's). At start-up each
-one's hash is stored as a token of that role named ``bootstrap-<role>`` unless that hash is already
-known, so restarts and replicas starting together are harmless. A bootstrap token that an admin
+``agent`` is the nodes' enrolment token, ``cache`` the caches' (an ``agent`` token whose nodes
+get the ``cache`` role), ``operator`` the ModelRollout operator's). At start-up each one's hash is
+stored as a token of that role named ``bootstrap-<role>`` unless that hash is already known, so
+restarts and replicas starting together are harmless. A bootstrap token that an admin
 revoked stays revoked: restarting with the same environment never brings it back. A bootstrap
 ``agent`` token is bound to no node, so it can only enrol one.
 
@@ -65,10 +66,18 @@ def bootstrap_admin(state: AppState) -> None:
 
 
 def bootstrap_tokens(state: AppState) -> None:
-    """Store every bootstrap token (the admin one, then each file of the tokens directory), once each."""
+    """Store every bootstrap token (the admin one, then each file of the tokens directory), once each.
+
+    A file named ``cache`` holds the caches' enrolment token: an ``agent`` token whose nodes get
+    the ``cache`` role (``bootstrap-cache``), since the role is bound to a token minted for it.
+    """
     bootstrap_admin(state)
     for role, secret in read_bootstrap_dir(state.settings.bootstrap_tokens_dir):
         _store_bootstrap(state, role, secret)
+    directory = state.settings.bootstrap_tokens_dir
+    cache = Path(directory) / "cache" if directory else None
+    if cache is not None and cache.is_file() and (secret := cache.read_text(encoding="utf-8").strip()):
+        _store_bootstrap(state, Role.agent, secret, node_role="cache")
 
 
 def read_bootstrap_dir(directory: str) -> list[tuple[Role, str]]:
@@ -92,8 +101,8 @@ def read_bootstrap_dir(directory: str) -> list[tuple[Role, str]]:
     return found
 
 
-def _store_bootstrap(state: AppState, role: Role, secret: str) -> None:
-    name = f"bootstrap-{role.value}"
+def _store_bootstrap(state: AppState, role: Role, secret: str, node_role: str | None = None) -> None:
+    name = f"bootstrap-{node_role or role.value}"
     if len(secret) < _MIN_BOOTSTRAP_LENGTH:
         # Warn rather than refuse: local demos use short tokens; production should not.
         log.warning(
@@ -118,6 +127,7 @@ def _store_bootstrap(state: AppState, role: Role, secret: str) -> None:
                 revoked=False,
                 created_at=utcnow(),
                 created_by="bootstrap",
+                node_role=node_role,
             )
         )
         try:

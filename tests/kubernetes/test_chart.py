@@ -527,6 +527,9 @@ def test_cache_tiers_chain_cluster_to_region() -> None:
     assert env["cluster"]["WEIGHTSHIP_AGENT_TIER"] == "cluster"
     assert env["cluster"]["WEIGHTSHIP_AGENT_UPSTREAM"] == f"http://{FULLNAME}-cache-region.{NAMESPACE}.svc:7071"
     assert "WEIGHTSHIP_AGENT_UPSTREAM" not in env["region"]  # the origin
+    # A cache enrols with the token minted for caches: the role is bound to it, never self-declared.
+    cache_volumes = {v["name"]: v for v in find(objs, "StatefulSet", "-cache-cluster")["spec"]["template"]["spec"]["volumes"]}
+    assert cache_volumes["enrolment"]["secret"]["items"] == [{"key": "cache", "path": "token"}]
     node = next(c for c in containers(find(objs, "DaemonSet", "-agent")) if c["name"] == "agent")
     node_env = {e["name"]: e.get("value") for e in node["env"]}
     assert node_env["WEIGHTSHIP_AGENT_CLUSTER_CACHE"] == f"http://{FULLNAME}-cache-cluster.{NAMESPACE}.svc:7071"
@@ -662,7 +665,7 @@ def test_bootstrap_secret_is_generated_once_and_kept() -> None:
     objs = objects(REQUIRED)
     secret = find(objs, "Secret", "-bootstrap")
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert set(secret["data"]) == {"admin", "agent", "operator", "url-signing-key"}
+    assert set(secret["data"]) == {"admin", "agent", "cache", "operator", "url-signing-key"}
     template = (CHART / "templates" / "bootstrap-secret.yaml").read_text()
     assert 'lookup "v1" "Secret"' in template  # an upgrade reads the values back instead of new ones
     other = find(objects(REQUIRED), "Secret", "-bootstrap")
@@ -676,6 +679,7 @@ def test_bootstrap_secret_is_generated_once_and_kept() -> None:
     assert {i["key"]: i["path"] for i in bootstrap["secret"]["items"]} == {
         "admin": "admin",
         "agent": "agent",
+        "cache": "cache",
         "operator": "operator",
     }
     # A Secret of the user's replaces it everywhere (Argo CD, helm template: no lookup there).

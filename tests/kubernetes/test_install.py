@@ -275,3 +275,36 @@ def test_a_pods_waiter_gives_up_at_the_charts_deadline_naming_what_it_waited_for
     # The default never hangs either: the chart always sets a deadline.
     default = find(objects(REQUIRED), "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "WEIGHTSHIP_OPERATOR_WAIT_DEADLINE", "value": "1800"} in default["env"]
+
+
+@pytest.mark.timeout(120)
+async def test_a_cache_enrols_with_the_charts_cache_token_and_the_nodes_token_enrols_no_cache(
+    chart: list[tuple[str, dict[str, Any]]], bootstrap: dict[str, str], controlplane: ControlPlaneProcess, tmp_path: Path
+) -> None:
+    await controlplane.ready()
+    # What the cache pods mount (caches enabled), from the Secret the control plane got its hashes from.
+    with_caches = objects(merged(REQUIRED, {"caches": {"enabled": True}}))
+    items = volume_items(find(with_caches, "StatefulSet", "-cache-cluster")["spec"]["template"]["spec"], "enrolment")
+    assert items == {"cache": "token"}
+    enrolment = mount_secret(find(chart, "Secret", "-bootstrap"), tmp_path / "enrolment", items)
+    cache = AgentProcess(tmp_path, "cache-0", controlplane.url, token="", deployments=(),
+                         extra=["--role", "cache", "--peer-listen", "127.0.0.1:0",
+                                "--token-file", str(enrolment / "token")])  # fmt: skip
+    cache.start()
+    try:
+        await cache.ready()
+        async with httpx.AsyncClient(base_url=controlplane.url, timeout=10) as http:
+            operator = {"Authorization": f"Bearer {bootstrap['operator']}"}
+
+            async def enrolled() -> bool:
+                nodes = (await http.get("/v1/nodes", headers=operator)).raise_for_status().json()
+                return any(n["name"] == "cache-0" and n["role"] == "cache" for n in nodes)
+
+            await eventually_async(enrolled, 60, "cache-0 to enrol with the chart's cache token")
+            # The nodes' token cannot make a cache: the role is bound to the token minted for it.
+            sneaky = await http.post("/v1/nodes/enrol", json={"name": "fake-cache", "role": "cache"},
+                                     headers={"Authorization": f"Bearer {bootstrap['agent']}"})  # fmt: skip
+            assert sneaky.status_code == 403, sneaky.text
+    finally:
+        await cache.close()
+

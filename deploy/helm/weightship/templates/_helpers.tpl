@@ -98,6 +98,15 @@ seccompProfile: {type: RuntimeDefault}
     {{- end }}
 {{- end -}}
 
+{{/* The caches' enrolment token (the bootstrap Secret's `cache`): a cache's role is bound to the token minted for it. */}}
+{{- define "weightship.cacheEnrolmentVolume" -}}
+- name: enrolment
+  secret:
+    secretName: {{ include "weightship.bootstrapSecret" . }}
+    defaultMode: 0440
+    items: [{key: cache, path: token}]
+{{- end -}}
+
 {{/*
 Replicas of one component prefer different nodes, then different zones; "preferred" so that a
 small cluster still schedules them all. (dict "root" $ "component" "controlplane" "affinity" .Values.x.affinity)
