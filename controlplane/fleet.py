@@ -86,6 +86,7 @@ from weightship.schemas import (
 
 __all__ = [
     "RECHECK_SECONDS",
+    "assign_node",
     "canary_bucket",
     "canary_share_for",
     "desired_answer",
@@ -196,6 +197,7 @@ def _node_info(row: NodeRow, now: datetime, stale_seconds: float) -> NodeInfo:
         validation=report.validation,
         refused=report.refused,
         serve=report.serve,
+        assigned=None if row.assigned is None else list(row.assigned),
     )
 
 
@@ -310,6 +312,18 @@ def _enrol(session: Session, row: NodeRow, by: str, proposed: str | None) -> tup
         )
     token, secret = mint_node_token(session, row, by, proposed)
     return token.id, secret
+
+
+def assign_node(state: AppState, node_id: str, deployments: list[str] | None, by: str) -> NodeInfo:
+    """Set the deployments node ``node_id`` is assigned (``None``: all); what its tickets and blob URLs follow."""
+    with state.sessions() as session:
+        row = session.get(NodeRow, node_id)
+        if row is None:
+            raise unknown_node(node_id)
+        row.assigned = None if deployments is None else list(dict.fromkeys(deployments))
+        session.commit()
+        log.info("node_assigned node=%s node_id=%s deployments=%s by=%s", row.name, row.id, row.assigned, by)
+        return _node_info(row, utcnow(), state.settings.node_stale_seconds)
 
 
 def _corrupt_origins(report: NodeHeartbeat) -> set[tuple[str, str | None, int | None]]:

@@ -28,13 +28,14 @@ Deployments [reads: any role; writes: operator]
     POST   /v1/deployments/{name}/preheats         PreheatCreate  -> Preheat (201)
     GET    /v1/deployments/{name}/preheats                        -> list[Preheat] (with progress)
     DELETE /v1/deployments/{name}/preheats/{id}                   -> 204
-Fleet [node calls: that node's own node token; blob URLs: agent or operator; reads: any role]
+Fleet [node calls: that node's own node token; blob URLs: a node token (its entitled blobs) or operator; reads: any role but an enrolment token]
     POST   /v1/nodes/enrol                         NodeEnrolRequest -> NodeEnrolment (201) [enrolment token]
     POST   /v1/nodes/register                      NodeRegistration -> NodeInfo
     POST   /v1/nodes/{id}/heartbeat                NodeHeartbeat    -> 204
     GET    /v1/nodes/{id}/desired?after=REV&wait=S                  -> DesiredState (long-poll)
     POST   /v1/blobs/urls                          BlobURLRequest   -> BlobURLs
     GET    /v1/nodes                                                -> list[NodeInfo]
+    PUT    /v1/nodes/{id}/assignment               NodeAssignment   -> NodeInfo [admin]
 Tickets [issue: that node's own node token; keys: any role]
     POST   /v1/tickets                             TicketRequest    -> TicketGrant (403: not entitled)
     GET    /v1/tickets/keys                                         -> TicketKeys
@@ -102,6 +103,7 @@ __all__ = [
     "LocalVersion",
     "LocalVersionState",
     "ModelInfo",
+    "NodeAssignment",
     "NodeCounters",
     "NodeEnrolRequest",
     "NodeEnrolment",
@@ -572,6 +574,9 @@ class NodeInfo(_Schema):
     registered_at: datetime
     last_seen: datetime | None
     stale: bool
+    assigned: list[str] | None = Field(
+        default=None, description="deployments an admin assigned the node (enrolment token scope); null: all"
+    )
     inventory: list[VersionInventory] = Field(default_factory=list)
     serving: list[DeploymentState] = Field(default_factory=list)
     counters: NodeCounters = Field(default_factory=NodeCounters)
@@ -692,6 +697,12 @@ class DeploymentStatus(_Schema):
     hook_failures: list[str] = Field(
         default_factory=list, description="live nodes whose switch hook for this deployment keeps failing, and why"
     )
+
+
+class NodeAssignment(_Schema):
+    """``PUT /v1/nodes/{id}/assignment`` (admin): the deployments the node may fetch for; null: all."""
+
+    deployments: list[Name] | None = Field(max_length=256)
 
 
 class NodeEnrolRequest(NodeRegistration):

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for
-from controlplane.fleet import desired_answer, node_infos, record_heartbeat, register_node, status_of
+from controlplane.fleet import assign_node, desired_answer, node_infos, record_heartbeat, register_node, status_of
 from controlplane.http import state_of
 from controlplane.http.auth import require, require_enrolment, require_node
 from controlplane.http.problems import errors
@@ -22,6 +22,7 @@ from controlplane.staging import with_stage
 from weightship.schemas import (
     DeploymentStatus,
     DesiredState,
+    NodeAssignment,
     NodeEnrolment,
     NodeEnrolRequest,
     NodeHeartbeat,
@@ -175,6 +176,14 @@ async def list_nodes(
 ) -> list[NodeInfo]:
     """Every registered node (optionally only those serving ``deployment``), with its stale flag."""
     return await run_in_threadpool(node_infos, state_of(request), deployment)
+
+
+@nodes_router.put("/{node_id}/assignment", response_model=NodeInfo, responses=errors(404))
+async def assign(
+    node_id: str, body: NodeAssignment, request: Request, principal: Principal = Depends(require(Role.admin))
+) -> NodeInfo:
+    """Set the deployments a node is assigned (null: all): what its tickets and blob URLs follow (admin)."""
+    return await run_in_threadpool(assign_node, state_of(request), node_id, body.deployments, principal.name)
 
 
 @status_router.get("/{name}/status", response_model=DeploymentStatus, responses=errors(404))

@@ -150,3 +150,25 @@ def test_an_enrolment_token_can_enrol_and_nothing_else(
         assert answer.status_code == 403, f"{path}: {answer.status_code} {answer.text}"
     assert _ticket(fleet, enrolment, chat_v1.digest).status_code == 403
     assert _enrol(fleet, enrolment, f"{model}-n3", chat).status_code == 201
+
+
+def test_an_admin_assigning_a_node_is_what_its_tickets_and_blob_urls_follow(
+    fleet: Fleet, model: str, two_models: tuple[str, Manifest, str, Manifest]
+) -> None:
+    chat, chat_v1, secret, secret_v1 = two_models
+    enrolled = _enrol(fleet, _token(fleet, f"{model}-pool", deployments=[chat]), f"{model}-n4", chat, secret)
+    assert enrolled.status_code == 201, enrolled.text
+    node_id, node = enrolled.json()["node"]["id"], _bearer(enrolled.json()["token"])
+    assert enrolled.json()["node"]["assigned"] == [chat]
+    assert _ticket(fleet, node, secret_v1.digest).status_code == 403
+
+    admin = _bearer(ADMIN_TOKEN)
+    url = f"{fleet.cp.url}/v1/nodes/{node_id}/assignment"
+    assigned = httpx.put(url, json={"deployments": [secret]}, headers=admin, timeout=10)
+    assert assigned.status_code == 200, assigned.text
+    assert assigned.json()["assigned"] == [secret]
+    assert _ticket(fleet, node, secret_v1.digest).status_code == 200
+    assert _urls(fleet, node, secret_v1).status_code == 200
+    assert _ticket(fleet, node, chat_v1.digest).status_code == 403  # no longer assigned
+    # only an admin assigns: the node itself cannot
+    assert httpx.put(url, json={"deployments": None}, headers=node, timeout=10).status_code == 403
