@@ -252,10 +252,14 @@ def test_rollback_without_a_previous_version_says_what_to_do(
 
 def test_roles_are_enforced_with_a_clear_message(controlplane: ControlPlane, models: dict[str, Path]) -> None:
     cp = controlplane
-    agent = cp.token("node-1", "agent")
-    denied = cp.cli("publish", str(models["v1"]), "-m", "llama", "--chunk-size", CHUNK, token=agent)
+    # an operator token (an agent enrolment token is refused everywhere but enrolment, also clearly)
+    operator = cp.token("ops-1", "operator")
+    denied = cp.cli("publish", str(models["v1"]), "-m", "llama", "--chunk-size", CHUNK, token=operator)
     assert denied.exit_code == 4
-    assert "role 'agent'" in denied.stderr
+    assert "role 'operator'" in denied.stderr
+    enrolment = cp.cli("models", token=cp.token("node-1", "agent"))
+    assert enrolment.exit_code == 4
+    assert "enrolment token" in enrolment.stderr
     unknown = cp.cli("models", token="ws_not_a_token")
     assert unknown.exit_code == 4
     assert "not valid" in unknown.stderr
@@ -350,11 +354,11 @@ def test_publish_with_a_bad_token_or_role_fails_before_hashing(
     unknown = _publish_people(controlplane, models["v1"], token="ws_not_a_token")
     assert unknown.exit_code == 4
     assert "not valid" in unknown.stderr
-    agent = _publish_people(controlplane, models["v1"], token=controlplane.token("node-1", "agent"))
-    assert agent.exit_code == 4
-    assert "role 'agent'" in agent.stderr
-    assert "--role publisher" in agent.stderr
-    for result in (unknown, agent):
+    operator = _publish_people(controlplane, models["v1"], token=controlplane.token("ops-1", "operator"))
+    assert operator.exit_code == 4
+    assert "role 'operator'" in operator.stderr
+    assert "--role publisher" in operator.stderr
+    for result in (unknown, operator):
         assert "hashing" not in result.stderr
 
 

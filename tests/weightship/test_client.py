@@ -397,5 +397,5 @@ def test_create_token_sends_the_role() -> None:
 
     with _client(handler) as client:
         created = client.create_token("ci", "publisher")
-    assert bodies == [{"name": "ci", "role": "publisher"}]
+    assert bodies == [{"name": "ci", "role": "publisher", "deployments": None, "node_role": None}]
     assert created.role is Role.publisher
