@@ -39,9 +39,9 @@ def two_versions(publisher: Publisher, make_model: ModelMaker) -> tuple[VersionI
 def test_models_and_versions_are_listed_with_their_labels(
     cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]], two_versions: tuple[VersionInfo, VersionInfo]
 ) -> None:
-    """Any role reads the index: models with counts, versions newest first, each with its labels."""
+    """Any role (but an enrolment token) reads the index: models with counts, versions newest first, with labels."""
     v1, v2 = two_versions
-    agent = role_headers[Role.agent]
+    agent = role_headers[Role.operator]
     models = cp_client.get("/v1/models", headers=agent).json()
     assert [(m["name"], m["versions"]) for m in models] == [("llama", 2)]
     versions = [VersionInfo.model_validate(v) for v in cp_client.get("/v1/models/llama/versions", headers=agent).json()]
@@ -135,21 +135,22 @@ ROUTE_ROLES = [
     ("POST", "/v1/blobs/urls", None, 401),
     ("POST", "/v1/blobs/urls", Role.publisher, 403),
     ("POST", "/v1/blobs/urls", Role.operator, 200),
-    ("POST", "/v1/blobs/urls", Role.agent, 200),
+    ("POST", "/v1/blobs/urls", Role.agent, 403),  # an enrolment token enrols, nothing else
     ("POST", "/v1/blobs/urls", Role.admin, 200),
     ("GET", "/v1/models", None, 401),
-    ("GET", "/v1/models", Role.agent, 200),
+    ("GET", "/v1/models", Role.agent, 403),
     ("GET", "/v1/models/llama/versions", Role.publisher, 200),
     ("GET", "/v1/models/llama/versions/v1", Role.operator, 200),
     ("GET", "/v1/models/llama/versions/v1/manifest", None, 401),
-    ("GET", "/v1/models/llama/versions/v1/manifest", Role.agent, 200),
+    ("GET", "/v1/models/llama/versions/v1/manifest", Role.agent, 403),
+    ("GET", "/v1/models/llama/versions/v1/manifest", Role.operator, 200),
 ]
 
 
 def test_each_registry_route_admits_only_its_roles(
     cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]], two_versions: tuple[VersionInfo, VersionInfo]
 ) -> None:
-    """Reads: any role. Labels: publisher. Blob URLs: agent or operator. Admin: everything. No token: 401."""
+    """Reads: any role but an enrolment token. Labels: publisher. Blob URLs: a node token or operator. Admin: all."""
     for index, (method, path, role, status) in enumerate(ROUTE_ROLES):
         body: dict[str, object] | None = None
         if path.endswith("/labels"):
@@ -173,12 +174,20 @@ def test_blob_urls_serve_whole_blobs_and_ranges_without_a_token(
     make_model: ModelMaker,
     cp_state: AppState,
 ) -> None:
-    """An agent gets short-lived URLs; they need no token and answer HTTP range requests."""
+    """A node entitled to the version gets short-lived URLs; they need no token and answer HTTP range requests."""
     root = make_model("a", tensors_mb=0.2)
     manifest = publisher.manifest(root, "llama")
     publisher.publish(root, "llama", ("v1",))
     blobs = [f.sha256 for f in manifest.files]
-    response = cp_client.post("/v1/blobs/urls", json={"blobs": blobs}, headers=role_headers[Role.agent])
+    operator = role_headers[Role.operator]
+    assert cp_client.post("/v1/deployments", json={"name": "chat", "model": "llama"}, headers=operator).is_success
+    etag = cp_client.get("/v1/deployments/chat", headers=operator).headers["etag"]
+    pointed = cp_client.put("/v1/deployments/chat/pointer", json={"stable": "v1"}, headers={**operator, "If-Match": etag})
+    assert pointed.status_code == 200, pointed.text
+    enrolled = cp_client.post("/v1/nodes/enrol", json={"name": "gpu-1", "deployments": ["chat"]},
+                              headers=role_headers[Role.agent])  # fmt: skip
+    node = {"Authorization": f"Bearer {enrolled.json()['token']}"}
+    response = cp_client.post("/v1/blobs/urls", json={"blobs": blobs}, headers=node)
     assert response.status_code == 200, response.text
     urls = BlobURLs.model_validate_json(response.content).urls
     assert set(urls) == set(blobs)
