@@ -62,12 +62,14 @@ from controlplane.deployments import to_schema
 from controlplane.persistence.db import DeploymentRow, NodeRow, TokenRow, VersionRow, utcnow
 from controlplane.persistence.heartbeats import HeartbeatWrite
 from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, unknown_node
+from controlplane.staging import check_selector
 from controlplane.state import AppState
 from controlplane.tokens import active_node_token, mint_node_token
 from weightship.addresses import check_peer_address
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, ForbiddenError, NotFoundError, ValidationError
 from weightship.schemas import (
+    DeploymentAssignment,
     DeploymentStatus,
     DesiredDeployment,
     DesiredState,
@@ -86,6 +88,7 @@ from weightship.schemas import (
 
 __all__ = [
     "RECHECK_SECONDS",
+    "assign_deployment",
     "assign_node",
     "canary_bucket",
     "canary_share_for",
@@ -324,6 +327,20 @@ def assign_node(state: AppState, node_id: str, deployments: list[str] | None, by
         session.commit()
         log.info("node_assigned node=%s node_id=%s deployments=%s by=%s", row.name, row.id, row.assigned, by)
         return _node_info(row, utcnow(), state.settings.node_stale_seconds)
+
+
+def assign_deployment(state: AppState, name: str, selector: dict[str, str] | None, by: str) -> DeploymentAssignment:
+    """Assign deployment ``name`` to the nodes whose enrolled labels ``selector`` matches (``None``: no selector)."""
+    items = None if selector is None else check_selector(selector, f"assignment of deployment {name!r}")
+    with state.sessions() as session:
+        row = session.get(DeploymentRow, name)
+        if row is None:
+            raise NotFoundError(f"deployment {name!r} does not exist; list deployments with GET /v1/deployments",
+                                code="deployment_not_found", fields={"deployment": name})  # fmt: skip
+        row.assign_selector = None if items is None else dict(items)
+        session.commit()
+    log.info("deployment_assigned deployment=%s selector=%s by=%s", name, selector, by)
+    return DeploymentAssignment(selector=None if items is None else dict(items))
 
 
 def _corrupt_origins(report: NodeHeartbeat) -> set[tuple[str, str | None, int | None]]:

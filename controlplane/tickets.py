@@ -54,7 +54,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.persistence.db import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
 from controlplane.persistence.store import manifest_key
-from controlplane.staging import staged_digests
+from controlplane.staging import matches, staged_digests
 from controlplane.state import AppState, SigningKeys
 from weightship.errors import ForbiddenError, NotFoundError
 from weightship.manifest import MAX_MANIFEST_BYTES, parse_manifest
@@ -72,6 +72,7 @@ from weightship.tickets import (
 __all__ = [
     "KEY_REFRESH_SECONDS",
     "SigningKeys",
+    "assigned_deployments",
     "entitled_blobs",
     "entitled_deployments",
     "entitled_versions",
@@ -134,12 +135,24 @@ def signing_key(state: AppState) -> SigningKeys:
     return cached
 
 
-def entitled_deployments(node: NodeRow) -> list[str] | None:
+def assigned_deployments(session: Session, node: NodeRow) -> list[str] | None:
+    """What ``node`` was assigned: its own assignment plus the deployments whose selector matches it; ``None``: all."""
+    if node.assigned is None:
+        return None
+    labels = node.labels or {}
+    selected = session.execute(select(DeploymentRow.name, DeploymentRow.assign_selector)).all()
+    return list(node.assigned) + [name for name, selector in selected
+                                  if selector is not None and matches(tuple(selector.items()), labels)]  # fmt: skip
+
+
+def entitled_deployments(session: Session, node: NodeRow) -> list[str] | None:
     """The deployments whose pointers entitle ``node``; ``None``: every deployment (an unscoped cache).
 
     A node: those it registered for that it was also assigned. A cache: those it was assigned.
+    Assigned: its own assignment (``None``: all), plus every deployment whose ``assign_selector``
+    matches the labels its enrolment fixed.
     """
-    assigned = node.assigned
+    assigned = assigned_deployments(session, node)
     if node.role == "cache":
         return None if assigned is None else list(assigned)
     wanted = list(node.deployments or ())
@@ -149,11 +162,12 @@ def entitled_deployments(node: NodeRow) -> list[str] | None:
 def entitled_versions(session: Session, node: NodeRow) -> set[str]:
     """Every version some pointer the node may fetch for names, or staging asks of it (before the ready check)."""
     staged = staged_digests(session, node.labels or {}, node.role)
-    if node.assigned is not None and staged:
-        models = select(DeploymentRow.model).where(DeploymentRow.name.in_(list(node.assigned)))
+    assigned = assigned_deployments(session, node)
+    if assigned is not None and staged:
+        models = select(DeploymentRow.model).where(DeploymentRow.name.in_(assigned))
         staged = set(session.scalars(select(VersionRow.digest).where(VersionRow.digest.in_(staged),
                                                                      VersionRow.model.in_(models))))  # fmt: skip
-    deployments = entitled_deployments(node)
+    deployments = entitled_deployments(session, node)
     query = select(DeploymentRow)
     if deployments is not None:
         if not deployments:

@@ -35,7 +35,8 @@ Fleet [node calls: that node's own node token; blob URLs: a node token (its enti
     GET    /v1/nodes/{id}/desired?after=REV&wait=S                  -> DesiredState (long-poll)
     POST   /v1/blobs/urls                          BlobURLRequest   -> BlobURLs
     GET    /v1/nodes                                                -> list[NodeInfo]
-    PUT    /v1/nodes/{id}/assignment               NodeAssignment   -> NodeInfo [admin]
+    PUT    /v1/nodes/{id}/assignment               NodeAssignment   -> NodeInfo [operator]
+    PUT    /v1/deployments/{name}/assignment       DeploymentAssignment -> DeploymentAssignment [operator]
 Tickets [issue: that node's own node token; keys: any role]
     POST   /v1/tickets                             TicketRequest    -> TicketGrant (403: not entitled)
     GET    /v1/tickets/keys                                         -> TicketKeys
@@ -88,6 +89,7 @@ __all__ = [
     "BuiltinMeasure",
     "BuiltinMeasurement",
     "Deployment",
+    "DeploymentAssignment",
     "DeploymentCreate",
     "DeploymentState",
     "DeploymentStatus",
@@ -700,9 +702,17 @@ class DeploymentStatus(_Schema):
 
 
 class NodeAssignment(_Schema):
-    """``PUT /v1/nodes/{id}/assignment`` (admin): the deployments the node may fetch for; null: all."""
+    """``PUT /v1/nodes/{id}/assignment`` (operator): the deployments the node may fetch for; null: all."""
 
     deployments: list[Name] | None = Field(max_length=256)
+
+
+class DeploymentAssignment(_Schema):
+    """``PUT /v1/deployments/{name}/assignment`` (operator): the nodes whose enrolled labels match are assigned it."""
+
+    selector: dict[str, str] | None = Field(
+        description="node labels (e.g. {'cluster': 'c1'}); {} matches every node; null: no selector", max_length=16
+    )
 
 
 class NodeEnrolRequest(NodeRegistration):

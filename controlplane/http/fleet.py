@@ -14,12 +14,21 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal, ensure_acts_for
-from controlplane.fleet import assign_node, desired_answer, node_infos, record_heartbeat, register_node, status_of
+from controlplane.fleet import (
+    assign_deployment,
+    assign_node,
+    desired_answer,
+    node_infos,
+    record_heartbeat,
+    register_node,
+    status_of,
+)
 from controlplane.http import state_of
 from controlplane.http.auth import require, require_enrolment, require_node
 from controlplane.http.problems import errors
 from controlplane.staging import with_stage
 from weightship.schemas import (
+    DeploymentAssignment,
     DeploymentStatus,
     DesiredState,
     NodeAssignment,
@@ -180,10 +189,18 @@ async def list_nodes(
 
 @nodes_router.put("/{node_id}/assignment", response_model=NodeInfo, responses=errors(404))
 async def assign(
-    node_id: str, body: NodeAssignment, request: Request, principal: Principal = Depends(require(Role.admin))
+    node_id: str, body: NodeAssignment, request: Request, principal: Principal = Depends(require(Role.operator))
 ) -> NodeInfo:
-    """Set the deployments a node is assigned (null: all): what its tickets and blob URLs follow (admin)."""
+    """Set the deployments a node is assigned (null: all): what its tickets and blob URLs follow (operator)."""
     return await run_in_threadpool(assign_node, state_of(request), node_id, body.deployments, principal.name)
+
+
+@status_router.put("/{name}/assignment", response_model=DeploymentAssignment, responses=errors(400, 404))
+async def assign_by_selector(
+    name: str, body: DeploymentAssignment, request: Request, principal: Principal = Depends(require(Role.operator))
+) -> DeploymentAssignment:
+    """Assign the deployment to the nodes whose enrolled labels match ``selector`` (null: none) (operator)."""
+    return await run_in_threadpool(assign_deployment, state_of(request), name, body.selector, principal.name)
 
 
 @status_router.get("/{name}/status", response_model=DeploymentStatus, responses=errors(404))

@@ -194,6 +194,8 @@ class DeploymentRow(Base):
     publisher_rollouts: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     #: the warm pool's node selector (label -> value), or NULL: no warm pool
     warm_pool: Mapped[dict[str, str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    #: node-label selector of the nodes this deployment is assigned to (beside their enrolment scope)
+    assign_selector: Mapped[dict[str, str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
 
 
 class PreheatRow(Base):

@@ -75,7 +75,8 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/nodes/register"): only(NODE),
     ("POST", "/v1/nodes/{}/heartbeat"): only(NODE),
     ("GET", "/v1/nodes/{}/desired"): only(NODE),
-    ("PUT", "/v1/nodes/{}/assignment"): only(ADMIN),
+    ("PUT", "/v1/nodes/{}/assignment"): only(OPERATOR),
+    ("PUT", "/v1/deployments/{}/assignment"): only(OPERATOR),
     # A node token (for blobs of versions its node is entitled to) and operators (read-only, for
     # inspecting a version's bytes); never an enrolment token.
     ("POST", "/v1/blobs/urls"): only(NODE, OPERATOR),

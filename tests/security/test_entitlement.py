@@ -170,5 +170,33 @@ def test_an_admin_assigning_a_node_is_what_its_tickets_and_blob_urls_follow(
     assert _ticket(fleet, node, secret_v1.digest).status_code == 200
     assert _urls(fleet, node, secret_v1).status_code == 200
     assert _ticket(fleet, node, chat_v1.digest).status_code == 403  # no longer assigned
-    # only an admin assigns: the node itself cannot
+    # only an operator assigns: the node itself cannot
     assert httpx.put(url, json={"deployments": None}, headers=node, timeout=10).status_code == 403
+
+
+def test_a_deployment_assigned_by_label_selector_reaches_the_nodes_enrolled_with_those_labels(
+    fleet: Fleet, model: str, two_models: tuple[str, Manifest, str, Manifest]
+) -> None:
+    chat, _chat_v1, secret, secret_v1 = two_models
+    enrolment = _token(fleet, f"{model}-racks", deployments=[chat])
+    nodes = {}
+    for name, rack in (("in", "r1"), ("out", "r2")):
+        body = {"name": f"{model}-{name}", "deployments": [chat, secret], "labels": {"rack": rack}}
+        enrolled = httpx.post(f"{fleet.cp.url}/v1/nodes/enrol", json=body, headers=enrolment, timeout=10)
+        assert enrolled.status_code == 201, enrolled.text
+        nodes[name] = _bearer(enrolled.json()["token"])
+    assert _ticket(fleet, nodes["in"], secret_v1.digest).status_code == 403
+
+    url = f"{fleet.cp.url}/v1/deployments/{secret}/assignment"
+    assigned = httpx.put(url, json={"selector": {"rack": "r1"}}, headers=_bearer(ADMIN_TOKEN), timeout=10)
+    assert assigned.status_code == 200, assigned.text
+    assert _ticket(fleet, nodes["in"], secret_v1.digest).status_code == 200
+    assert _urls(fleet, nodes["in"], secret_v1).status_code == 200
+    assert _ticket(fleet, nodes["out"], secret_v1.digest).status_code == 403
+    # A node cannot match a selector by re-registering with other labels: enrolment fixed them.
+    moved = {"name": f"{model}-out", "deployments": [chat, secret], "labels": {"rack": "r1"}}
+    assert httpx.post(f"{fleet.cp.url}/v1/nodes/register", json=moved, headers=nodes["out"], timeout=10).is_success
+    assert _ticket(fleet, nodes["out"], secret_v1.digest).status_code == 403
+    # selectors name node labels only
+    bad = httpx.put(url, json={"selector": {"owner": "me"}}, headers=_bearer(ADMIN_TOKEN), timeout=10)
+    assert bad.status_code == 400, bad.text
