@@ -126,6 +126,7 @@ async def test_a_harvested_ticket_opens_nothing_at_another_peer_or_cache(
     harvested = [h.removeprefix("Ticket ") for h in harvester.headers if h.startswith("Ticket ")]
     assert harvested, "the victim never sent the attacker's proxy a ticket"
 
+    replays: list[int] = []
     async with httpx.AsyncClient(timeout=10) as http:
         for stolen in set(harvested):
             # what one fetch needs, bound to the attacker: not every version the victim holds
@@ -137,10 +138,13 @@ async def test_a_harvested_ticket_opens_nothing_at_another_peer_or_cache(
                 answer = await http.get(url, headers={"Authorization": f"Ticket {stolen}"})
                 assert answer.status_code == 403, f"{base} {manifest.digest}: {answer.status_code} {answer.text}"
                 assert problem(answer)["code"] in ("ticket_wrong_audience", "ticket_not_covering")
+                replays.append(answer.status_code)
         # The attacker's own ticket for the secret model is refused at the source: it is not entitled.
         refused = await http.post(f"{fleet.cp.url}/v1/tickets", headers={"Authorization": f"Bearer {token}"},
                                   json={"versions": [secret.digest], "audience": cache_name})  # fmt: skip
     assert refused.status_code == 403
+    print(f"harvested {len(harvested)} tickets ({len(set(harvested))} distinct), each naming 1 version and the "
+          f"attacker as audience; replays at the cache and another peer: {replays.count(403)}/{len(replays)} refused")
 
 
 async def test_an_announcement_of_an_address_that_is_not_the_nodes_own_is_refused(
