@@ -38,6 +38,8 @@ __all__ = ["ListenerBounds", "LogBudget", "default_max_connections"]
 
 #: most connections a listener accepts however high the fd limit
 _MAX_CONNECTIONS_CEILING = 8192
+#: causes a ``LogBudget`` tracks before it forgets those past their interval
+_MAX_CAUSES = 4096
 #: connections accepted per wake-up of the listening socket (asyncio's own loop takes its whole backlog)
 _ACCEPTS_PER_WAKE = 16
 _REFUSAL = (
@@ -62,18 +64,27 @@ class LogBudget:
         self._next: dict[str, float] = {}
         self._dropped: dict[str, int] = {}
 
+    def _forget_old(self, now: float) -> None:
+        """Drop causes whose interval passed with nothing dropped (keeps the table as small as the live causes)."""
+        for cause in [c for c, until in self._next.items() if until <= now and c not in self._dropped]:
+            del self._next[cause]
+
     def take(self, cause: str) -> int | None:
         """None when this line must be dropped; else how many lines of ``cause`` were dropped before it."""
         now = self.clock()
+        if len(self._next) > _MAX_CAUSES:
+            self._forget_old(now)
         if now < self._next.get(cause, 0.0):
             self._dropped[cause] = self._dropped.get(cause, 0) + 1
             return None
         self._next[cause] = now + self.interval
         return self._dropped.pop(cause, 0)
 
-    def event(self, logger: logging.Logger, name: str, level: int = logging.INFO, **fields: object) -> None:
-        """``weightship.logs.event``, rate-limited by ``name``."""
-        dropped = self.take(name)
+    def event(
+        self, logger: logging.Logger, name: str, level: int = logging.INFO, *, cause: str = "", **fields: object
+    ) -> None:
+        """``weightship.logs.event``, rate-limited by ``cause`` (default: ``name``)."""
+        dropped = self.take(cause or name)
         if dropped is not None:
             event(logger, name, level, **fields, **({"suppressed": dropped} if dropped else {}))
 

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from aiohttp import web
 from pydantic import ValidationError as PydanticValidationError
 
+from agent.listenerbounds import LogBudget
 from agent.tickets import TicketKeeper
 from agent.tracker import NodeView, Reason, Tracker, chunk_order, indexes_of
 from agent.tracker_limits import MissCache, RequestRate, check_announced
@@ -71,6 +72,7 @@ class TrackerRoutes:
         #: the cluster's networks announced addresses must lie in (none: any address but link-local/metadata)
         self.networks = tuple(networks)
         self.rate = rate or RequestRate()
+        self.log_budget = LogBudget()
         self.misses = misses or MissCache()
         self.tickets = tickets
         self.manifests = manifests
@@ -189,7 +191,9 @@ class TrackerRoutes:
             if index is None:
                 raise NotFoundError(f"version {body.version} has no chunk {body.chunk}")
             self.tracker.report(ticket.node, body.node, body.version, index, Reason(body.reason))
-            event(log, "tracker.reported", reporter=ticket.node, parent=body.node, reason=body.reason, chunk=body.chunk)
+            # one line per reporter every 10 s at most: a node repeating a report cannot flood the cache's log
+            self.log_budget.event(log, "tracker.reported", cause=f"reported:{ticket.node}", reporter=ticket.node,
+                                  parent=body.node, reason=body.reason, chunk=body.chunk)  # fmt: skip
             return web.Response(status=204)
         except PydanticValidationError as exc:
             raise ValidationError(f"report: {exc.errors()[0].get('msg', 'invalid')}") from None

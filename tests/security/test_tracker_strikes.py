@@ -75,6 +75,9 @@ async def test_one_liar_cannot_ban_an_honest_parent_and_refusals_are_not_strikes
         # independent evidence still counts: a second reporter's strike bans the parent for everyone
         await _report(http, tracker, tokens["witness"], {**body, "reason": "corrupt"})
         assert not await offered()
+    # and the liar's repeats did not flood the cache's log (one line per reporter every 10 s)
+    liar_lines = [line for line in cache.log().splitlines() if "tracker.reported" in line and f"reporter={model[:50]}-liar " in line]
+    assert 1 <= len(liar_lines) <= 2, liar_lines
 
 
 def _tracker(**settings: float) -> tuple[Tracker, list[float]]:
