@@ -85,13 +85,17 @@ def _requests(app: web.Application, auth: dict[str, str]) -> list[tuple[str, str
         path = route.resource.canonical if route.resource is not None else "/"
         path = path.replace("{name}", "chat").replace("{chunk}", HEX)
         wanted.append(("PATCH", path, {}, b""))  # 405 everywhere
+        # A GET carries no body: the peer listener refuses any body on a GET (413) before it checks more.
+        bodies = (b"", b"", b"") if route.method == "GET" else (b"not json", b"{}", b"[]")
         for headers in ({}, auth):
             # ``timeout=0``: the local API's long-poll answers at once
-            wanted.append((route.method, path + "?timeout=0", headers, b"not json"))
-            wanted.append((route.method, path + "?after_epoch=x&version=nope&chunk=nope&index=x", headers, b"{}"))
+            wanted.append((route.method, path + "?timeout=0", headers, bodies[0]))
+            wanted.append((route.method, path + "?after_epoch=x&version=nope&chunk=nope&index=x", headers, bodies[1]))
             wanted.append(
-                (route.method, path + f"?version={VERSION}&chunk={HEX}&blob={HEX}&index=0&timeout=0", headers, b"[]")
+                (route.method, path + f"?version={VERSION}&chunk={HEX}&blob={HEX}&index=0&timeout=0", headers, bodies[2])
             )
+        if route.method == "GET":
+            wanted.append((route.method, path + "?timeout=0", auth, b"a body"))  # 413 on the peer listener
         if route.method == "POST":
             wanted.append((route.method, path, auth, OVERSIZED))
     wanted.append(("GET", "/no/such/route", {}, b""))
