@@ -138,6 +138,12 @@ build() {
   [ "$what" != serve ] && targets+=("weightship:$IMAGE_REPO:$IMAGE_TAG")
   [ "$what" != main ] && targets+=("serve:$IMAGE_REPO-serve:$IMAGE_TAG")
   local t target tag started
+  # An index that does not answer would make pip take torch from the extra index (PyPI): the
+  # multi-GB CUDA build, by surprise.
+  if [ "$what" != main ] && [ ! -d "$TORCH_INDEX_URL" ] && command -v curl >/dev/null 2>&1 &&
+    ! curl -fsS -o /dev/null --max-time 30 "${TORCH_INDEX_URL%/}/torch/" 2>/dev/null; then
+    die "TORCH_INDEX_URL=$TORCH_INDEX_URL does not answer from this machine (${TORCH_INDEX_URL%/}/torch/); give a reachable index, or a local directory holding torch==2.13.0's wheel (make images SERVE_TORCH_INDEX=DIR)"
+  fi
   if [ "$how" = docker ]; then
     [ -d "$TORCH_INDEX_URL" ] && [ "$what" != main ] &&
       die "TORCH_INDEX_URL=$TORCH_INDEX_URL is a local directory, which docker build cannot mount; give an index URL or build with buildah"
@@ -156,6 +162,11 @@ build() {
     torch=(--build-arg TORCH_INDEX_URL=file:///torch-index
       --volume "$scratch/index:/torch-index:ro" --volume "$(cd "$TORCH_INDEX_URL" && pwd):/torch-wheels:ro")
   fi
+  # One snapshot of the files the image takes (.dockerignore's `!` lines), so that every stage is
+  # built from the same tree even while it is being edited.
+  local context=$scratch/context
+  mkdir -p "$context"
+  (cd "$root" && sed -n 's/^!//p' .dockerignore | xargs cp -a --parents -t "$context" Dockerfile .dockerignore)
   # The build stages are tagged too, so that pruning the untagged images of earlier builds (vfs
   # keeps a full copy of every layer) keeps the cache of this one.
   local stages=("build:$CACHE_REPO:build")
@@ -164,9 +175,9 @@ build() {
     target=${t%%:*} tag=${t#*:}
     say "buildah build --target $target -t $tag (on $IMAGES_BASE)"
     started=$(date +%s)
-    buildah build "${STORAGE[@]}" --isolation chroot --layers --pull=false \
+    buildah build "${STORAGE[@]}" --isolation chroot --layers --force-rm --pull=false \
       --build-arg PYTHON_IMAGE="$IMAGES_BASE" "${torch[@]}" \
-      --target "$target" -t "$tag" "$root" >&2
+      --target "$target" -t "$tag" "$context" >&2
     say "built $tag in $(($(date +%s) - started)) s, $(podman "${STORAGE[@]}" image inspect --format '{{.Size}}' "$tag") bytes"
   done
   podman "${STORAGE[@]}" image prune --force >/dev/null
