@@ -47,10 +47,9 @@ builder() {
 }
 
 tools() {
-  local missing=() cmd pkg
+  local missing=() pkg
   for pkg in buildah podman runc mmdebstrap; do
-    cmd=$pkg
-    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+    command -v "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 ||
