@@ -110,7 +110,7 @@ def test_a_token_revoked_through_one_replica_stops_working_on_another_within_a_s
         httpx.Client(base_url=revoker.url, timeout=30) as via_revoker,
         httpx.Client(base_url=other.url, timeout=30) as via_other,
     ):
-        minted = via_revoker.post("/v1/tokens", json={"name": "fleet", "role": "agent"}, headers=ADMIN).json()
+        minted = via_revoker.post("/v1/tokens", json={"name": "on-call", "role": "operator"}, headers=ADMIN).json()
         headers = {"Authorization": f"Bearer {minted['token']}"}
         assert via_other.get("/v1/nodes", headers=headers).status_code == 200  # now in the other's cache
         assert via_revoker.delete(f"/v1/tokens/{minted['id']}", headers=ADMIN).status_code == 204

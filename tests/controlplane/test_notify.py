@@ -104,7 +104,7 @@ def test_a_pointer_change_costs_one_read_however_many_polls_are_parked(
 
 
 def test_a_revoked_token_stops_working_on_the_next_request(cp_client: httpx.Client, admin_headers: Headers) -> None:
-    minted = cp_client.post("/v1/tokens", json={"name": "gpu-agents", "role": "agent"}, headers=admin_headers).json()
+    minted = cp_client.post("/v1/tokens", json={"name": "on-call", "role": "operator"}, headers=admin_headers).json()
     headers = {"Authorization": f"Bearer {minted['token']}"}
     for _ in range(2):  # the second is answered from the cache
         assert cp_client.get("/v1/nodes", headers=headers).status_code == 200
@@ -189,7 +189,7 @@ def fast_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_token_revoked_without_an_announcement_stops_working_at_the_next_recheck(
     fast_recheck: None, live_controlplane: Any, cp_client: httpx.Client, admin_headers: Headers, cp_state: AppState
 ) -> None:
-    minted = cp_client.post("/v1/tokens", json={"name": "gpu-agents", "role": "agent"}, headers=admin_headers).json()
+    minted = cp_client.post("/v1/tokens", json={"name": "on-call", "role": "operator"}, headers=admin_headers).json()
     headers = {"Authorization": f"Bearer {minted['token']}"}
     assert cp_client.get("/v1/nodes", headers=headers).status_code == 200  # cached now
     with cp_state.engine.begin() as conn:  # as a replica whose announcement was lost would leave it
