@@ -61,6 +61,7 @@ from weightship.schemas import (
     UploadCreate,
     UploadSession,
     VersionInfo,
+    VersionLoads,
     WarmPool,
 )
 
@@ -247,6 +248,10 @@ class Client:
         body = BuiltinMeasure(metric=metric, provider=provider, canary=canary, stable=stable)
         path = f"/v1/deployments/{segment(deployment)}/analysis/builtin"
         return parse(BuiltinMeasurement, self.session.send("POST", path, json=body)).value
+
+    def version_loads(self, deployment: str, digest: str) -> VersionLoads:
+        """How the live nodes' model servers fared loading ``digest`` for ``deployment`` (operator role)."""
+        return self._get(f"/v1/deployments/{segment(deployment)}/analysis/loads", VersionLoads, digest=digest)
 
     def list_deployments(self) -> list[Deployment]:
         """Every deployment's pointer."""

@@ -47,6 +47,7 @@ Rollouts [reads: any role; create: operator, or publisher where the deployment a
     POST   /v1/deployments/{name}/rollouts/{id}/actions RolloutAction -> Rollout (409 rollout-verb)
     GET    /v1/rollouts?active=true                                 -> RolloutList
     POST   /v1/deployments/{name}/analysis/builtin BuiltinMeasure   -> BuiltinMeasurement (operator)
+    GET    /v1/deployments/{name}/analysis/loads?digest=            -> VersionLoads (operator)
 Tokens [admin]
     POST   /v1/tokens                              TokenCreate      -> TokenCreated
     GET    /v1/tokens                                               -> list[TokenInfo]
@@ -113,6 +114,7 @@ __all__ = [
     "NodeHeartbeat",
     "NodeInfo",
     "NodeLabels",
+    "NodeLoads",
     "NodeProblem",
     "NodeRegistration",
     "NodeServeMetrics",
@@ -155,6 +157,7 @@ __all__ = [
     "ValidationReport",
     "VersionInfo",
     "VersionInventory",
+    "VersionLoads",
     "VersionServeMetrics",
     "VersionState",
     "VersionStatus",
@@ -935,6 +938,26 @@ class BuiltinMeasurement(_Schema):
     """The answer: the measured ``value`` (a mapping, see ``docs/rollouts.md``), or null when there is no data."""
 
     value: dict[str, float] | None = None
+
+
+class NodeLoads(_Schema):
+    """How one node's model servers fared loading a version of a deployment (their summed counters)."""
+
+    node: Name
+    loaded: bool = Field(description="a load passed validation, or a request was answered with the version")
+    failures: Count = Field(description="loads that failed or failed validation (golden check, NaN scan)")
+
+
+class VersionLoads(_Schema):
+    """``GET /v1/deployments/{name}/analysis/loads?digest=``: the loads of ``digest`` on every live node reporting it.
+
+    For a rollout driven outside the control plane (the Kubernetes operator): a canary whose model
+    servers keep refusing it never serves, so the rollout aborts at once. Counters are cumulative
+    per agent; a reader keeps its own baseline to count only the failures of its attempt.
+    """
+
+    digest: Digest
+    nodes: list[NodeLoads] = Field(default_factory=list)
 
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, status
+from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import ANY_ROLE, Principal
+from controlplane.fleet import node_infos
 from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.http.problems import errors
@@ -23,11 +25,13 @@ from controlplane.rollouts.providers.builtin import BuiltinProvider
 from weightship.schemas import (
     BuiltinMeasure,
     BuiltinMeasurement,
+    NodeLoads,
     Role,
     Rollout,
     RolloutAction,
     RolloutCreate,
     RolloutList,
+    VersionLoads,
 )
 
 __all__ = ["router"]
@@ -35,6 +39,7 @@ __all__ = ["router"]
 router = APIRouter(tags=["rollouts"])
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
+DigestQuery = Annotated[str, Query(), StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 
 def _driver(request: Request) -> FleetRolloutDriver:
@@ -118,3 +123,24 @@ async def measure_builtin(
     action = MeasureMetric("remote", body.metric, 0, "builtin", body.provider)
     value = await provider.measure(action, RolloutContext("remote", name, body.canary, body.stable))
     return BuiltinMeasurement(value=value)
+
+
+@router.get("/v1/deployments/{name}/analysis/loads", response_model=VersionLoads)
+def version_loads(
+    name: str, digest: DigestQuery, request: Request, _principal: Principal = Depends(require(Role.operator))
+) -> VersionLoads:
+    """How the live nodes' model servers fared loading ``digest`` for ``name``: loaded, and failed loads so far.
+
+    Every live node counts, assigned to the deployment or not (a Kubernetes node's agent serves the
+    pods scheduled on it); a node whose model servers report nothing of ``digest`` is left out.
+    """
+    found: list[NodeLoads] = []
+    for node in node_infos(state_of(request), None):
+        if node.stale or node.serve is None:
+            continue
+        mine = next((v for v in node.serve.versions if v.deployment == name and v.digest == digest), None)
+        if mine is None:
+            continue
+        loaded = mine.validations_passed > 0 or mine.requests > 0
+        found.append(NodeLoads(node=node.name, loaded=loaded, failures=mine.validations_failed + mine.load_failures))
+    return VersionLoads(digest=digest, nodes=found)

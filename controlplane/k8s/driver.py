@@ -16,6 +16,12 @@ Mapping of the engine's actions:
   fetches and verifies it before a canary pod needs it.
 - ``MeasureMetric`` → the analysis provider measures; the engine runs again with the answer.
 
+The engine also sees the canary's refusals: the control plane counts, per node, the loads of the
+canary's digest that failed or failed validation (its model servers push these counters to their
+agent); those above the baseline taken when the attempt began (``status.canaryLoads``) on a node
+where it never loaded abort the rollout (``CanaryRefused``) as soon as the canary has traffic, as
+the fleet driver does, instead of waiting for the progress deadline.
+
 Then, on every reconcile whether or not the engine acted, the ReplicaSets converge on
 ``status.pointer`` (level-triggered, like a Deployment controller):
 
@@ -269,7 +275,8 @@ class RolloutDriver:
                     stable=cp.stable,
                     completed=False,
                 )
-        fleet = await self._fleet(spec, engine_spec, observed, replicasets)
+        refused, loads = await self._refused(spec.deployment, engine_spec, status, stored, cp)
+        fleet = await self._fleet(spec, engine_spec, observed, replicasets, refused)
         measurements: tuple[MeasurementResult, ...] = ()
         for _ in range(3):  # measure, then judge with the answers, in the same reconcile
             observations = Observations(observed, fleet, size, None, measurements)
@@ -289,7 +296,12 @@ class RolloutDriver:
         pods = _pods(name, spec, new_pointer, replicasets)
         if cp is not None:
             labels = await self._labels(cp.model, labels, new_pointer, replicasets)
-        extra = {"labels": labels, "outside": dict(outside) if outside else None, "selector": _selector(name, new_pointer)}
+        extra = {
+            "labels": labels,
+            "outside": dict(outside) if outside else None,
+            "selector": _selector(name, new_pointer),
+            "canaryLoads": loads,
+        }
         await self._write(
             obj, spec, digest, size, result.status, new_pointer, verb or handled, verb_note, pods, extra, failure
         )
@@ -332,6 +344,7 @@ class RolloutDriver:
         engine_spec: RolloutSpec,
         pointer: PointerObservation,
         replicasets: Mapping[str, Body],
+        refused: tuple[str, ...] = (),
     ) -> FleetObservation:
         assigned = serving = 0
         if pointer.canary is not None:
@@ -341,7 +354,49 @@ class RolloutDriver:
         count = FleetCount(spec.replicas, 0)
         if engine_spec.prefetch_percent:
             count = await self.controlplane.fleet(spec.deployment, engine_spec.version)
-        return FleetObservation(count.target_nodes, count.staged_nodes, assigned, serving, count.failures)
+        return FleetObservation(count.target_nodes, count.staged_nodes, assigned, serving, count.failures, refused)
+
+    async def _refused(
+        self,
+        deployment: str,
+        engine_spec: RolloutSpec,
+        status: RolloutStatus | None,
+        stored: Mapping[str, Any],
+        cp: Deployment | None,
+    ) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+        """The nodes whose model servers refused the canary in this attempt, and the baseline to store.
+
+        As the fleet driver counts: failed loads and failed validations of the canary's digest,
+        summed per node by its agent, more than when this attempt began (``status.canaryLoads``,
+        taken on its first reconcile; a ``retry`` takes a new one, so it waits for a fresh load),
+        on a node where no load of it succeeded. A counter that went down (the agent restarted)
+        counts whole. Without the control plane nothing is judged and the baseline is kept.
+        """
+        kept = stored.get("canaryLoads")
+        version = engine_spec.version
+        attempt = 1
+        if status is not None and status.revision == engine_spec.fingerprint:
+            if status.completed or status.abort:
+                return (), kept
+            attempt = status.attempt
+        if cp is None or cp.stable == version:
+            return (), kept
+        try:
+            loads = await self.controlplane.loads(deployment, version)
+        except TemporaryError:
+            return (), kept
+        key = {"revision": engine_spec.fingerprint, "attempt": attempt, "digest": version}
+        if not (isinstance(kept, dict) and all(kept.get(k) == v for k, v in key.items())):
+            return (), {**key, "nodes": {node: load.failures for node, load in loads.items()}}
+        before = {str(node): int(n) for node, n in (kept.get("nodes") or {}).items()}
+        refused = []
+        for node, load in sorted(loads.items()):
+            was = before.get(node, 0)
+            if load.loaded or load.failures == was or load.failures == 0:
+                continue
+            new = load.failures - was if load.failures > was else load.failures
+            refused.append(f"{node}: its model servers refused the version ({new} failed load(s) or validation(s))")
+        return tuple(refused), {**key, "nodes": before}
 
     async def _act(
         self, obj: Body, spec: ModelRolloutSpec, result: Reconciliation, observed: PointerObservation

@@ -7,8 +7,10 @@ pointer is also kept in step with the ReplicaSets (stable, and the canary at sha
 keep and pre-fetch exactly the versions a pointer names, so the canary's bytes are staged on every
 node before its pods are scheduled (the engine's prefetch step counts the nodes that hold it).
 The operator reads the pointer back on every reconcile, and the newest audit row when it changed,
-so a move made outside the rollout (``weightship rollback``) is seen and followed; and it asks
-which labels a digest has, so ``kubectl get mro`` shows ``v2`` rather than a digest.
+so a move made outside the rollout (``weightship rollback``) is seen and followed; it asks
+which labels a digest has, so ``kubectl get mro`` shows ``v2`` rather than a digest; and it asks
+how the nodes' model servers fared loading the canary (``GET /v1/deployments/{name}/analysis/loads``,
+from the counters they push to their agent), so a canary its pods refuse is rolled back at once.
 The client is synchronous; calls run in a worker thread.
 """
 
@@ -21,7 +23,7 @@ from weightship.client import Client
 from weightship.errors import NotFoundError, PreconditionFailed
 from weightship.schemas import Deployment, PointerEvent
 
-__all__ = ["ControlPlane", "FleetCount", "ResolvedVersion", "UnknownVersion"]
+__all__ = ["ControlPlane", "FleetCount", "NodeLoad", "ResolvedVersion", "UnknownVersion"]
 
 
 class UnknownVersion(NotFoundError):
@@ -44,6 +46,14 @@ class FleetCount:
     target_nodes: int
     staged_nodes: int
     failures: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """How a node's model servers fared loading one version: loaded once, and failed loads so far (cumulative)."""
+
+    loaded: bool
+    failures: int
 
 
 class ControlPlane:
@@ -118,3 +128,8 @@ class ControlPlane:
                 failures = tuple(f"{p.node}: {p.problem.message}" for p in version.problems)
                 return FleetCount(status.nodes, version.nodes_ready, failures)
         return FleetCount(status.nodes, 0)
+
+    async def loads(self, deployment: str, digest: str) -> dict[str, NodeLoad]:
+        """node -> how its model servers fared loading ``digest`` for ``deployment`` (nodes reporting it)."""
+        answer = await asyncio.to_thread(self.client.version_loads, deployment, digest)
+        return {n.node: NodeLoad(n.loaded, n.failures) for n in answer.nodes}

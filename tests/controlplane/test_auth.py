@@ -97,6 +97,8 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/rollouts"): ANY,
     # a built-in analysis measurement for a rollout driven outside (the Kubernetes operator)
     ("POST", "/v1/deployments/{}/analysis/builtin"): only(OPERATOR),
+    # how the nodes' model servers fared loading a canary, for a rollout driven outside (the operator)
+    ("GET", "/v1/deployments/{}/analysis/loads"): only(OPERATOR),
 }
 
 #: routes authorised by an HMAC-signed URL instead of a token: a bad signature is refused whoever asks

@@ -391,14 +391,20 @@ async def test_modelrollout_pods_serve_their_own_version_through_a_judged_canary
         assert promoted[v1]["role"] == "previous"  # kept scaled for the rollback window
         v1_pods = {n for n, (made_for, _) in (await traffic.survey()).items() if made_for == v1}
 
-        # v3 (NaNs in one tensor): its canary pod fails validation; the rollout rolls back by itself.
-        # Its pod never becomes ready, so the setWeight step never completes: the progress deadline aborts it.
+        # v3 (NaNs in one tensor): its canary pod fails validation; the rollout rolls back by itself, at
+        # once: the pod's model server counts the refusal, its agent heartbeats it, the operator aborts.
+        # The progress deadline (600 s by default) is not what ends it.
         broken = model_rollout("v3", [{"setWeight": 50}, judged_analysis()])
-        broken["spec"]["progressDeadlineSeconds"] = 20
+        applied = asyncio.get_running_loop().time()
         await apply(kmock_server, broken)
         degraded = await eventually_async(
             lambda: (s := status(kmock_server)).get("phase") == "Degraded" and s, E2E_WAIT, "v3 rolled back"
         )
+        took = asyncio.get_running_loop().time() - applied
+        assert degraded["engine"]["abortReason"] == "CanaryRefused", degraded
+        assert "CanaryRefused" in degraded["message"], degraded
+        assert "node-a: its model servers refused the version" in degraded["message"], degraded
+        assert took < 60, f"v3 rolled back {took:.0f}s after it was applied"
         assert (degraded["stable"], degraded.get("canary")) == (v2, None)
         await eventually_async(
             lambda: replicasets(kmock_server).get(v3, {"replicas": 0})["replicas"] == 0, E2E_WAIT, "v3's pods gone"

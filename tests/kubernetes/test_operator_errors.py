@@ -20,7 +20,17 @@ from aiohttp import web
 
 from tests.kubernetes.conftest import NAMESPACE, REPLICASETS, Operators, VersionedEmulator
 from tests.kubernetes.test_operator_lifecycle import condition, live, sets_of
-from tests.kubernetes.test_rollouts import BASE, WAIT, apply, deployed, event_reasons, rollout, status, verb
+from tests.kubernetes.test_rollouts import (
+    BASE,
+    WAIT,
+    apply,
+    deployed,
+    event_reasons,
+    reconciles,
+    rollout,
+    status,
+    verb,
+)
 from weightship.client import Client
 from weightship.testing import eventually_async, free_port
 
@@ -115,15 +125,6 @@ async def recovered_event(server: VersionedEmulator) -> None:
     own queue in the background, so the status can reach the API server first: wait for it.
     """
     await eventually_async(lambda: "Reconciled" in event_reasons(server), WAIT, "a Reconciled Event")
-
-
-async def reconciles(server: VersionedEmulator, count: int) -> None:
-    """Wait until the operator read the rollout ``count`` more times (each reconcile reads it first)."""
-    mark = len(list(server))
-    await eventually_async(
-        lambda: sum(1 for r in list(server)[mark:] if r.method.name == "GET" and r.url.path == f"{BASE}/chat") >= count,
-        WAIT, f"{count} more reconciles",
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ operator work, and reads what a user would: the ReplicaSets, the resource's stat
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import kmock
@@ -13,6 +15,8 @@ import pytest
 
 from controlplane.k8s.rollout import ANNOTATION_DIGEST, LABEL_ROLE
 from tests.kubernetes.conftest import NAMESPACE, REPLICASETS, ROLLOUTS, Operators, VersionedEmulator, Webhook
+from weightship.client import Client
+from weightship.schemas import NodeEnrolRequest, NodeHeartbeat, NodeServeMetrics, VersionServeMetrics
 from weightship.testing import eventually_async
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("replicaset_controller")]
@@ -108,6 +112,40 @@ async def deployed(server: VersionedEmulator, digest: str) -> None:
         )  # fmt: skip
     except AssertionError as exc:
         raise AssertionError(f"{exc}; status: {status(server)}") from None
+
+
+async def reconciles(server: VersionedEmulator, count: int) -> None:
+    """Wait until the operator read the rollout ``count`` more times (each reconcile reads it first)."""
+    mark = len(list(server))
+    await eventually_async(
+        lambda: sum(1 for r in list(server)[mark:] if r.method.name == "GET" and r.url.path == f"{BASE}/chat") >= count,
+        WAIT, f"{count} more reconciles",
+    )  # fmt: skip
+
+
+class Node:
+    """A node's agent as the control plane sees it: registered with its own token, heartbeating its model servers' counters."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url = url
+        self.name = name
+        self.since = datetime.now(UTC)
+        with Client(url, "ws_test-bootstrap-admin-0123456789abcdef") as admin:
+            enrolment = admin.create_token(name, "agent").token
+        with Client(url, enrolment) as client:
+            enrolled = client.enrol_node(NodeEnrolRequest(name=name))
+        self.token, self.id = enrolled.token, enrolled.node.id
+
+    async def report(self, deployment: str, digest: str, *, failed: int) -> None:
+        """Heartbeat that the node's model servers failed ``failed`` loads of ``digest`` so far (cumulative)."""
+        counters = VersionServeMetrics(deployment=deployment, digest=digest, validations_failed=failed, instances=1)
+        beat = NodeHeartbeat(serve=NodeServeMetrics(since=self.since, versions=[counters]))
+
+        def send() -> None:
+            with Client(self.url, self.token) as client:
+                client.heartbeat(self.id, beat)
+
+        await asyncio.to_thread(send)
 
 
 async def paused_canary(
@@ -266,3 +304,38 @@ async def test_a_rollback_inside_the_window_reuses_the_previous_replicaset_and_a
     await deployed(kmock_server, digests["v2"])
     await eventually_async(lambda: digests["v1"] not in replicasets(kmock_server), WAIT, "v1's ReplicaSet to go")
     assert replicasets(kmock_server)[digests["v2"]]["replicas"] == 4
+
+
+async def test_a_canary_its_model_servers_refuse_rolls_back_at_once_and_a_retry_waits_for_a_fresh_load(
+    kmock_server: VersionedEmulator, operators: Operators, controlplane: tuple[str, dict[str, str]]
+) -> None:
+    url, digests = controlplane
+    node = Node(url, "node-a")
+    await node.report("chat-prod", digests["v2"], failed=1)  # an earlier rollout's failure: not this one's
+    operators.start("op-a")
+    await paused_canary(kmock_server, digests)
+    await reconciles(kmock_server, 3)
+    assert status(kmock_server)["phase"] == "Paused"
+
+    await node.report("chat-prod", digests["v2"], failed=2)  # the canary pod's load fails validation
+    aborted = await eventually_async(
+        lambda: (s := status(kmock_server)).get("phase") == "Degraded" and s, WAIT, "the canary refused"
+    )  # no progress deadline waited for: the rollout's default is 600 s
+    assert aborted["engine"]["abortReason"] == "CanaryRefused"
+    assert "node-a: its model servers refused the version (1 failed load(s) or validation(s))" in aborted["message"]
+    assert (aborted["stable"], aborted.get("canary")) == (digests["v1"], None)
+    await eventually_async(
+        lambda: replicasets(kmock_server).get(digests["v2"], {"replicas": 0})["replicas"] == 0, WAIT, "no canary pod"
+    )
+
+    await verb(kmock_server, "retry")  # counts from now: the failures so far are the last attempt's
+    await eventually_async(
+        lambda: (s := status(kmock_server)).get("phase") == "Paused" and s.get("canary"), WAIT, "the retry"
+    )
+    await reconciles(kmock_server, 3)
+    assert status(kmock_server)["phase"] == "Paused"
+    await node.report("chat-prod", digests["v2"], failed=3)
+    again = await eventually_async(
+        lambda: (s := status(kmock_server)).get("phase") == "Degraded" and s, WAIT, "the retry's canary refused"
+    )
+    assert (again["engine"]["abortReason"], again["engine"]["attempt"]) == ("CanaryRefused", 2)
