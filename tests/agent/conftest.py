@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.agent_processes import AgentProcess, Spawn
+from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.agent.fleet import Fleet
+from tests.agent.peers import start_cache
 from weightship.manifest import Manifest
 from weightship.testing import FaultProxy
 
@@ -95,3 +96,13 @@ async def controlplane(tmp_path: Path) -> AsyncIterator[ControlPlaneProcess]:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture
+async def cluster_cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
+    """A cluster cache (which runs the tracker) on a free port, enrolled with the caches' token; stopped after."""
+    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
+    await process.ready()
+    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
+    yield process
+    await process.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,13 +27,9 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
-async def cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
-    """A cluster cache (with the tracker) on a free port, stopped at the end."""
-    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
-    await process.ready()
-    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
-    yield process
-    await process.close()
+def cache(cluster_cache: AgentProcess) -> AgentProcess:
+    """The cluster cache (``cluster_cache``)."""
+    return cluster_cache
 
 
 def _poison(agent: AgentProcess, digest: str) -> None:

@@ -8,15 +8,7 @@ and agent processes; ``cluster_cache``: a cluster cache process (with the tracke
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-
-from tests.agent.agent_processes import AgentProcess, eventually
-from tests.agent.conftest import controlplane, deployment, fleet, model, proxy, spawn, versions
-from tests.agent.fleet import Fleet
-from tests.agent.peers import start_cache
+from tests.agent.conftest import cluster_cache, controlplane, deployment, fleet, model, proxy, spawn, versions
 from tests.controlplane.conftest import (
     cp_client,
     cp_settings,
@@ -29,6 +21,7 @@ from tests.controlplane.conftest import (
 )
 
 __all__ = [
+    "cluster_cache",
     "controlplane",
     "cp_client",
     "cp_settings",
@@ -45,13 +38,3 @@ __all__ = [
     "spawn",
     "versions",
 ]
-
-
-@pytest.fixture
-async def cluster_cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
-    """A cluster cache (which runs the tracker) on a free port, enrolled with the caches' token; stopped after."""
-    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
-    await process.ready()
-    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
-    yield process
-    await process.close()

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.agent_processes import AgentProcess, Spawn, eventually
+from tests.agent.agent_processes import AgentProcess, Spawn
 from tests.agent.fleet import Fleet
-from tests.agent.peers import peer_url, start_cache
+from tests.agent.peers import peer_url
 from weightship.testing import TEST_CHUNK
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,16 +30,12 @@ CACHE_TIMEOUT = 4 * (2.0 + TEST_CHUNK / 5e6)
 
 
 @pytest.fixture
-async def cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
-    """A cluster cache (with the tracker); continued and stopped at the end."""
-    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
-    await process.ready()
-    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
-    yield process
-    assert process.proc is not None
-    if process.proc.poll() is None:
-        os.kill(process.proc.pid, signal.SIGCONT)
-    await process.close()
+async def cache(cluster_cache: AgentProcess) -> AsyncIterator[AgentProcess]:
+    """The cluster cache (``cluster_cache``), continued before it is stopped."""
+    yield cluster_cache
+    assert cluster_cache.proc is not None
+    if cluster_cache.proc.poll() is None:
+        os.kill(cluster_cache.proc.pid, signal.SIGCONT)
 
 
 async def test_a_frozen_cache_costs_a_node_at_most_two_timeouts_not_one_per_chunk(

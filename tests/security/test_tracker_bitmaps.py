@@ -13,7 +13,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,7 +22,7 @@ import pytest
 from agent.peerserver import MAX_BODY
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.fleet import Fleet
-from tests.agent.peers import peer_url, start_cache, ticket
+from tests.agent.peers import peer_url, ticket
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,13 +36,9 @@ PROBES = 150
 
 
 @pytest.fixture
-async def cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
-    """A cluster cache (with the tracker), stopped at the end."""
-    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
-    await process.ready()
-    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
-    yield process
-    await process.close()
+def cache(cluster_cache: AgentProcess) -> AgentProcess:
+    """The cluster cache (``cluster_cache``)."""
+    return cluster_cache
 
 
 def _p99(samples: list[float]) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,7 @@ import pytest
 
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.fleet import Fleet
-from tests.agent.peers import peer_url, start_cache, ticket
+from tests.agent.peers import peer_url, ticket
 from weightship.schemas import TrackerSources
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,16 +30,14 @@ pytestmark = pytest.mark.timeout(240)
 HOG_EVERY = 2.0
 #: fetches measured on each side (each a fresh 4 MiB version, so the cache must read it upstream)
 ROUNDS = 2
+#: seconds of scheduling noise allowed on top of twice the normal time
+JITTER = 0.5
 
 
 @pytest.fixture
-async def cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
-    """A cluster cache (with the tracker, 8 upstream slots), stopped at the end."""
-    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
-    await process.ready()
-    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
-    yield process
-    await process.close()
+def cache(cluster_cache: AgentProcess) -> AgentProcess:
+    """The cluster cache (``cluster_cache``)."""
+    return cluster_cache
 
 
 async def _fetch_time(fleet: Fleet, node: AgentProcess, deployment: str, model: str, label: str, digest: str) -> float:
@@ -105,4 +103,6 @@ async def test_a_node_re_asking_for_upstream_grants_leaves_another_nodes_fetch_w
           f"re-asking every {HOG_EVERY:.0f}s {' '.join(f'{t:.2f}' for t in beside)}s "
           f"({sum(beside) / sum(normal):.1f}x); the hog held {max(granted)} of 8 upstream grants")  # fmt: skip
     assert max(granted) <= 4, granted
-    assert sum(beside) <= 2 * sum(normal)
+    # Half a second of slack for a loaded 2-core machine: sub-second fetches jitter by that much; the
+    # unfair tracker this guards against stalled the other node for more than a minute.
+    assert sum(beside) <= 2 * sum(normal) + JITTER, (beside, normal)

@@ -10,7 +10,7 @@ and the witnesses speak to the tracker over HTTP with genuine tickets.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,20 +19,16 @@ import pytest
 from agent.tracker import NodeView, Reason, Tracker, TrackerSettings
 from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.fleet import Fleet
-from tests.agent.peers import peer_url, start_cache, ticket
+from tests.agent.peers import peer_url, ticket
 from weightship.schemas import TrackerSources
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
-async def cache(tmp_path: Path, fleet: Fleet, model: str) -> AsyncIterator[AgentProcess]:
-    """A cluster cache (with the tracker), stopped at the end."""
-    process = start_cache(tmp_path, fleet, f"{model[:50]}-cache")
-    await process.ready()
-    await eventually(lambda: "tickets.keys_read" in process.log(), 30, "the cache to read the ticket keys")
-    yield process
-    await process.close()
+def cache(cluster_cache: AgentProcess) -> AgentProcess:
+    """The cluster cache (``cluster_cache``)."""
+    return cluster_cache
 
 
 async def _sources(http: httpx.AsyncClient, tracker: str, token: str, version: str, chunk: str) -> list[str]:
