@@ -30,25 +30,12 @@ from aiohttp import web
 
 from tests.conftest import REPO
 from tests.gpu_loader.staged_versions import manifest_of, stage
+from tests.prometheus_examples import Prometheus
 from weightship.testing import eventually as poll_until
 from weightship.testing import free_port
 
 PROMPT = {"input_ids": [[5, 17, 42, 7]], "max_new_tokens": 1}
 BAD_PROMPT = {"input_ids": [[10**9]]}  # out of the vocabulary: the server answers 400
-
-
-@dataclass(frozen=True)
-class Prometheus:
-    """A running Prometheus and the file_sd directory whose ``*.json`` files it scrapes."""
-
-    url: str
-    targets: Path
-
-    def query(self, promql: str) -> list[dict[str, object]]:
-        """The instant vector ``promql`` gives now (raises on an error answer)."""
-        answer = httpx.post(f"{self.url}/api/v1/query", data={"query": promql}, timeout=10).json()
-        assert answer["status"] == "success", answer
-        return list(answer["data"]["result"])
 
 
 @pytest.fixture(scope="session")
@@ -176,7 +163,7 @@ def fleet(prometheus: Prometheus, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def _scraped_requests(prometheus: Prometheus, label: str) -> float:
     result = prometheus.query(f'sum(weightship_serve_requests_total{{test="{label}"}})')
-    return float(result[0]["value"][1]) if result else 0.0  # type: ignore[index]
+    return float(result[0]["value"][1]) if result else 0.0
 
 
 @dataclass
