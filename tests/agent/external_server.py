@@ -132,7 +132,7 @@ class Server:
         try:
             await request.read()
             if self.latency:
-                await asyncio.sleep(self.latency)
+                await asyncio.sleep(self.latency)  # ok-sleep: deliberate pacing, not a wait for a condition
             if self.loaded is None:
                 return web.json_response({"error": "no model loaded"}, status=503)
             if self.loaded.broken:

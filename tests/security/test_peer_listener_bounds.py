@@ -98,7 +98,7 @@ async def test_clients_that_never_read_free_their_upload_slots_after_the_send_ti
                 assert response.status_code == 503, response.text
                 refused += 1
                 assert time.monotonic() - started < SEND_TIMEOUT + 10, "upload slots still held past the send timeout"
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(0.25)  # ok-sleep: deliberate pacing, not a wait for a condition
         waited = time.monotonic() - started
         print(f"4 clients that never read: a normal GET answered 200 after {waited:.1f}s ({refused} x 503 before)")
         assert refused > 0, "the stalled clients never held the slots: the test did not test anything"

@@ -70,7 +70,7 @@ async def test_thirty_megabytes_of_oversized_bitmaps_leave_the_cache_healthz_fas
             started = time.monotonic()
             await http.get(f"{base}/healthz")
             quiet.append(time.monotonic() - started)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # ok-sleep: deliberate pacing, not a wait for a condition
 
         async def probe() -> None:
             while not done.is_set():
@@ -78,7 +78,7 @@ async def test_thirty_megabytes_of_oversized_bitmaps_leave_the_cache_healthz_fas
                 response = await http.get(f"{base}/healthz")
                 latencies.append(time.monotonic() - started)
                 assert response.status_code == 200
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # ok-sleep: deliberate pacing, not a wait for a condition
 
         def flood() -> None:
             # four senders in threads (the probes' event loop must not time its own sends), each an
@@ -88,7 +88,7 @@ async def test_thirty_megabytes_of_oversized_bitmaps_leave_the_cache_healthz_fas
                     response = own.post(f"{base}/v1/tracker/announce", content=body, headers=headers)
                     statuses.append(response.status_code)
                     details.add(str(response.json().get("detail", ""))[:40])
-                    time.sleep(PACE)
+                    time.sleep(PACE)  # ok-sleep: deliberate pacing, not a wait for a condition
 
         prober = asyncio.create_task(probe())
         started = time.monotonic()

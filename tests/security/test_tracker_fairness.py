@@ -79,7 +79,7 @@ async def test_a_node_re_asking_for_upstream_grants_leaves_another_nodes_fetch_w
                     assert response.status_code == 200, response.text
                     held += TrackerSources.model_validate_json(response.content).upstream_allowed
                 granted.append(held)
-                await asyncio.sleep(HOG_EVERY)
+                await asyncio.sleep(HOG_EVERY)  # ok-sleep: deliberate pacing, not a wait for a condition
 
     # rounds interleaved, so that a change in this machine's load falls on both sides alike
     normal: list[float] = []
