@@ -24,7 +24,7 @@ Per database it measures, with every node's long-poll parked:
   new epoch; ``notify_all_seconds_under_heartbeats`` the same while the fleet heartbeats at its
   natural rate (nodes / 5 s).
 
-Usage: python bench/controlplane.py [--nodes 5000] [--databases sqlite,postgres]
+Usage: python bench/heartbeats.py [--nodes 5000] [--databases sqlite,postgres]
        [--rates 100,250,500,750,1000,1250,1500,2000] [--step-seconds 5] [--changed-share 0.2]
 Last line: one JSON object, per database (``sqlite``, ``postgres``) the figures above.
 """
@@ -50,9 +50,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-# Run as a script, this file's folder comes first on sys.path and this module would shadow the
-# ``controlplane`` package it seeds the database with: look in the repository instead.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 ADMIN_TOKEN = "ws_bench-admin-token-0123456789abcdefghij"  # noqa: S105 - a throw-away local server's
 P99_LIMIT_MS = 50.0
 HEARTBEAT_SECONDS = 5.0
