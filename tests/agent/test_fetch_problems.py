@@ -9,7 +9,7 @@ from rich.console import Console
 
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.fleet import Fleet
-from weightship.display import status_view
+from weightship.cli.display import status_view
 from weightship.manifest import Manifest
 from weightship.schemas import FetchFailure, NodeProblem, VersionState
 from weightship.testing import FaultProxy

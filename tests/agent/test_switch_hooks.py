@@ -18,8 +18,8 @@ from rich.console import Console
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.external_server import ExternalServerProcess, load
 from tests.agent.fleet import Fleet
+from weightship.cli.display import nodes_table, status_view
 from weightship.digests import hex_of
-from weightship.display import nodes_table, status_view
 from weightship.layout import read_verification
 from weightship.manifest import Manifest
 from weightship.schemas import SwitchHookResult

@@ -17,9 +17,10 @@ from rich.console import Console
 from typer.testing import CliRunner, Result
 
 import weightship.cli
-from weightship.cli import CliSeams, _parse_size, app
+from weightship.cli import CliSeams, app
+from weightship.cli.commands import _parse_size
+from weightship.cli.display import nodes_table
 from weightship.digests import format_digest, sha256_hex
-from weightship.display import nodes_table
 from weightship.manifest import build_manifest
 from weightship.schemas import (
     Deployment,
@@ -372,7 +373,7 @@ def test_digests_are_never_wrapped_off_a_terminal(columns: str) -> None:
 
 
 def test_digests_stay_whole_on_a_narrow_terminal() -> None:
-    from weightship.display import deployment_table, versions_table
+    from weightship.cli.display import deployment_table, versions_table
 
     console = Console(width=90, force_terminal=True, record=True)
     console.print(versions_table("llama", [_version(D1, ["v1"]), _version(D2, ["v2"])]))

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.weightship.test_cli_e2e import CHUNK, ControlPlane, controlplane, models
-from weightship.cli_errors import WORDING
+from weightship.cli.errors import WORDING
 from weightship.errors import NotFoundError, PreconditionFailed, TemporaryError, WeightshipError
 from weightship.problems import error_from_response
 

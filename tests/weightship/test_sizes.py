@@ -52,7 +52,7 @@ def test_negative_integers_are_refused() -> None:
 
 def test_the_cli_and_the_agent_read_a_size_the_same_way() -> None:
     from agent.config import load_config
-    from weightship.cli import _parse_size
+    from weightship.cli.commands import _parse_size
 
     config = load_config(["--control-plane", "http://cp:8080", "--quota", "500M"], {})
     assert config.quota_bytes == _parse_size("500M") == 500 * 2**20

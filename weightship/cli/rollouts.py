@@ -5,10 +5,10 @@ Two kinds of rollout, one set of commands:
 - a **fleet** rollout, run by the control plane over the agents: TARGET is the deployment, the
   rollout is its current one (``--rollout ID`` for another); calls go through ``weightship.client``;
 - a Kubernetes **ModelRollout** (``--kube``, implied by ``--context`` or ``--namespace``): TARGET is
-  the resource's name; ``weightship.kuberollouts`` reads it and hands verbs to the operator through
+  the resource's name; ``weightship.cli.kuberollouts`` reads it and hands verbs to the operator through
   the verb annotation, waiting (``--wait``) for the operator's answer.
 
-Both show the same view (``weightship.rollout_view``) and the same ``--json`` shape (the
+Both show the same view (``weightship.cli.rollout_view``) and the same ``--json`` shape (the
 ``Rollout`` schema). A verb the rollout's state does not allow is refused with the reason, which
 names the verb that fits, and exit status 3. ``status --watch`` follows the rollout until it
 completes (exit 0) or degrades (exit 1), or ``--timeout`` passes (exit 5); under ``--json`` it
@@ -30,12 +30,12 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from weightship import display
-from weightship.cli_runtime import Run, command, jsonable, out, run_of
+from weightship.cli import display
+from weightship.cli.kuberollouts import KubeRollouts
+from weightship.cli.rollout_view import rollout_view, rollouts_table
+from weightship.cli.runtime import Run, command, jsonable, out, run_of
 from weightship.client import Client
 from weightship.errors import TemporaryError, ValidationError, WeightshipError
-from weightship.kuberollouts import KubeRollouts
-from weightship.rollout_view import rollout_view, rollouts_table
 from weightship.schemas import Rollout
 
 __all__ = ["rollout_app"]

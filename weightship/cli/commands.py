@@ -8,7 +8,7 @@ for scripts (errors then go to stderr as an ``ErrorBody``).
 Every error a user can meet ends the command with one red line on stderr saying what happened
 and what to do, and an exit status by kind (see ``EXIT_CODES``); never a traceback. The line
 names CLI commands and flags, not REST routes: the control plane's common problems are worded
-here by their ``code`` (``weightship.cli_errors``).
+here by their ``code`` (``weightship.cli.errors``).
 
 Test seam: pass ``obj=CliSeams(transport=...)`` to ``CliRunner.invoke`` to route every request
 through an ``httpx`` transport of the test's choosing.
@@ -26,17 +26,17 @@ from rich.console import Console, Group, RenderableType
 from rich.progress import Progress
 from rich.text import Text
 
-from weightship import display
 from weightship.chunks import DEFAULT_CHUNK_SIZE
-from weightship.cli_runtime import EXIT_CODES, CliSeams
-from weightship.cli_runtime import Run as _Run
-from weightship.cli_runtime import command as _command
-from weightship.cli_runtime import out as _out
-from weightship.cli_runtime import run_of as _run
+from weightship.cli import display
+from weightship.cli.rollouts import rollout_app
+from weightship.cli.runtime import EXIT_CODES, CliSeams
+from weightship.cli.runtime import Run as _Run
+from weightship.cli.runtime import command as _command
+from weightship.cli.runtime import out as _out
+from weightship.cli.runtime import run_of as _run
 from weightship.client import DEFAULT_URL, Backoff, Client
 from weightship.errors import ConflictError, NotFoundError, PreconditionFailed, TemporaryError, ValidationError
 from weightship.manifest import check_manifest_bytes, parse_manifest
-from weightship.rollout_cli import rollout_app
 from weightship.schemas import Preheat, Role
 from weightship.sizes import parse_size
 

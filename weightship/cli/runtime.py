@@ -3,7 +3,7 @@
 A command is a typer function wrapped in :func:`command`: a ``WeightshipError`` it raises ends the
 run with one red line on stderr (a JSON ``ErrorBody`` under ``--json``) and the exit status of its
 kind (``EXIT_CODES``), never a traceback. :func:`out` prints JSON for scripts or the renderable a
-command builds for people. The command groups (``weightship.cli``, ``weightship.rollout_cli``) use
+command builds for people. The command groups (``weightship.cli``, ``weightship.cli.rollouts``) use
 these and nothing else, so every command behaves alike.
 """
 
@@ -23,8 +23,8 @@ from pydantic import BaseModel
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from weightship import display
-from weightship.cli_errors import cli_message
+from weightship.cli import display
+from weightship.cli.errors import cli_message
 from weightship.client import Backoff, Client
 from weightship.errors import (
     AuthError,

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from weightship.cli.rollout_steps import steps_of
 from weightship.errors import (
     AuthError,
     ConflictError,
@@ -44,7 +45,6 @@ from weightship.modelrollout import (
     VERSION,
     verb_done,
 )
-from weightship.rollout_steps import steps_of
 from weightship.schemas import Rollout, RolloutAnalysisRun, RolloutMeasurement, RolloutMetric
 
 __all__ = ["KubeRollouts", "MissingKubernetesClient", "rollout_from_resource"]

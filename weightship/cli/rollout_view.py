@@ -9,7 +9,7 @@ One view for a fleet rollout and a Kubernetes ``ModelRollout`` (both arrive as a
 - per version digest the nodes (pods, for a ModelRollout) serving it, and how many hold the
   canary staged out of how many targets.
 
-As in ``weightship.display``, user-supplied text is never read as markup, and digests are
+As in ``weightship.cli.display``, user-supplied text is never read as markup, and digests are
 ``no_wrap`` cells; the console prints unbounded rows off a terminal.
 """
 
@@ -23,7 +23,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from weightship.display import short_digest
+from weightship.cli.display import short_digest
 from weightship.schemas import Rollout
 
 __all__ = ["PHASE_STYLES", "rollout_view", "rollouts_table"]
