@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         providers = ProviderRegistry.default(builtin=BuiltinProvider.for_state(state))
         driver = FleetRolloutDriver(state, providers)
         driver.loop = asyncio.get_running_loop()
-        app.state.rollouts = driver
+        state.rollouts = driver
         tasks = [sweeper]
         if settings.rollout_tick_seconds > 0:
             tasks.append(asyncio.create_task(driver.run_forever(settings.rollout_tick_seconds), name="rollouts"))

@@ -7,7 +7,7 @@ driver (``controlplane.rollout_driver``) moves it forward.
 
 - **One active rollout per deployment**, guaranteed by the database: ``active_deployment`` is the
   deployment's name while the rollout is active (else NULL) and is UNIQUE. A second rollout is
-  refused with 409 ``rollout-active`` naming the active one. A rollout stops being active once
+  refused with 409 ``rollout_active`` naming the active one. A rollout stops being active once
   it is complete, or aborted with traffic back on stable; ``retry`` makes it active again.
 - **Who may start one**: operators and admins; publishers only where the deployment allows it
   (``publisher_rollouts``).
@@ -41,6 +41,7 @@ from controlplane.rollouts.steps import describe
 from controlplane.state import AppState
 from weightship.errors import ConflictError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
+from weightship.modelrollout import RolloutVerb
 from weightship.schemas import (
     Role,
     Rollout,
@@ -76,33 +77,24 @@ _WRITE_RETRIES = 5
 #: checks a parsed spec against what this control plane can measure (the providers' settings)
 SpecCheck = Callable[[RolloutSpec], None]
 
-_VERBS: dict[str, Callable[[RolloutSpec, RolloutStatus, datetime], RolloutStatus]] = {
-    "promote": verbs.promote,
-    "promote-full": verbs.promote_full,
-    "pause": verbs.pause,
-    "resume": verbs.resume,
-    "abort": verbs.abort_rollout,
-    "retry": verbs.retry,
-}
-
 
 class RolloutActive(ConflictError):
     """The deployment already has an active rollout."""
 
-    code = "rollout-active"
+    code = "rollout_active"
 
 
 class RolloutVerbRefused(ConflictError):
     """The verb does not fit the rollout's state; the message says which verb does."""
 
-    code = "rollout-verb"
+    code = "rollout_verb"
 
 
 class RolloutSpecInvalid(WeightshipError):
     """The rollout spec is malformed or asks for a provider this control plane lacks; the message names the field."""
 
     status_code = 422
-    code = "rollout-spec"
+    code = "rollout_spec"
 
 
 def _active_conflict(deployment: str, active_id: str) -> RolloutActive:
@@ -211,9 +203,9 @@ def list_rollouts(state: AppState, deployment: str | None, *, active: bool, limi
         return [rollout_schema(row, models.get(row.deployment, "")) for row in rows]
 
 
-def apply_verb(state: AppState, deployment: str, rollout_id: str, verb: str, principal: Principal) -> Rollout:
-    """Apply ``verb`` to the stored status (compare-and-swap on ``row_version``); 409 ``rollout-verb`` if it does not fit."""
-    function = _VERBS[verb]
+def apply_verb(state: AppState, deployment: str, rollout_id: str, verb: RolloutVerb, principal: Principal) -> Rollout:
+    """Apply ``verb`` to the stored status (compare-and-swap on ``row_version``); 409 ``rollout_verb`` if it does not fit."""
+    function = verbs.BY_NAME[verb]
     for _ in range(_WRITE_RETRIES):
         now = utcnow()
         with state.sessions() as session:
@@ -265,7 +257,7 @@ def apply_verb(state: AppState, deployment: str, rollout_id: str, verb: str, pri
             return rollout_schema(stored, model)
     raise ConflictError(
         f"{verb}: rollout {rollout_id} changed {_WRITE_RETRIES} times while the verb was applied; try again",
-        code="rollout-busy",
+        code="rollout_busy",
     )
 
 
@@ -275,7 +267,7 @@ def _status(row: RolloutRow) -> RolloutStatus:
     except StatusError as err:
         raise ConflictError(
             f"rollout {row.id}: its stored status cannot be read ({err.message}); start a new rollout",
-            code="rollout-status",
+            code="rollout_status",
         ) from None
 
 

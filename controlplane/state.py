@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client import CollectorRegistry
@@ -29,6 +30,9 @@ from controlplane.persistence.heartbeats import HeartbeatWrite, store_heartbeats
 from controlplane.persistence.store import OriginStore
 from controlplane.settings import Settings
 from controlplane.snapshot import Snapshots
+
+if TYPE_CHECKING:  # the type only: the driver is a domain service built on this state by the app
+    from controlplane.rollout_driver import FleetRolloutDriver
 
 __all__ = ["AnswerKey", "AppState", "CorruptOrigin", "FleetMemos", "SigningKeys"]
 
@@ -84,6 +88,8 @@ class AppState:
     fleet: FleetMemos = field(default_factory=FleetMemos)
     #: the ticket signing keys this process read last (``controlplane.tickets``)
     ticket_keys: SigningKeys | None = None
+    #: the fleet rollout driver, set by the application's lifespan (``controlplane.app``)
+    rollouts: FleetRolloutDriver | None = None
 
     @classmethod
     def open(cls, settings: Settings, engine: Engine, store: OriginStore) -> AppState:

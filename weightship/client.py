@@ -308,7 +308,7 @@ class Client:
     def start_rollout(self, deployment: str, spec: dict[str, Any]) -> Rollout:
         """Start a rollout of ``deployment`` with the engine ``spec`` (``version``, ``steps``...).
 
-        Raises ``ConflictError`` (code ``rollout-active``) while another rollout of it is active.
+        Raises ``ConflictError`` (code ``rollout_active``) while another rollout of it is active.
         """
         body = RolloutCreate(spec=spec)
         return parse(Rollout, self.session.send("POST", f"/v1/deployments/{segment(deployment)}/rollouts", json=body))
@@ -328,7 +328,7 @@ class Client:
     def act_on_rollout(self, deployment: str, verb: str, rollout_id: str = "current") -> Rollout:
         """Apply ``verb`` (promote, promote-full, pause, resume, abort, retry) to a rollout.
 
-        Raises ``ConflictError`` (code ``rollout-verb``) when the verb does not fit its state; the
+        Raises ``ConflictError`` (code ``rollout_verb``) when the verb does not fit its state; the
         message says which verb does.
         """
         if verb not in VERBS:

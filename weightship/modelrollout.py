@@ -16,6 +16,8 @@ so it lives here, in the shared contract; the operator imports these names from 
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 __all__ = [
     "ANNOTATION_DIGEST",
     "ANNOTATION_VERB",
@@ -27,6 +29,7 @@ __all__ = [
     "PLURAL",
     "VERBS",
     "VERSION",
+    "RolloutVerb",
     "verb_done",
 ]
 
@@ -48,8 +51,10 @@ ANNOTATION_DIGEST = "weightship.io/digest"
 #: ``kubectl annotate mro/chat weightship.io/verb=promote-full@1`` (any suffix after ``@`` makes a repeat distinct).
 ANNOTATION_VERB = "weightship.io/verb"
 
-#: The verbs the operator understands, as the annotation spells them.
-VERBS = ("promote", "promote-full", "pause", "resume", "abort", "retry")
+#: A rollout verb as the REST API, the CLI and the annotation spell it.
+RolloutVerb = Literal["promote", "promote-full", "pause", "resume", "abort", "retry"]
+#: The verbs the operator and the control plane understand.
+VERBS: tuple[RolloutVerb, ...] = get_args(RolloutVerb)
 
 
 def verb_done(value: str) -> str:

@@ -54,6 +54,7 @@ from weightship.errors import (
 )
 
 __all__ = [
+    "LEGACY_CODES",
     "MAX_RETRY_AFTER",
     "PROBLEM_MEDIA_TYPE",
     "error_from_response",
@@ -106,6 +107,15 @@ _BY_STATUS: dict[int, type[WeightshipError]] = {
     504: TemporaryError,
     507: DiskFullError,
 }
+#: Codes that servers of the previous release spelled in kebab-case; read as today's snake_case.
+LEGACY_CODES = {
+    "rollout-active": "rollout_active",
+    "rollout-verb": "rollout_verb",
+    "rollout-spec": "rollout_spec",
+    "rollout-busy": "rollout_busy",
+    "rollout-status": "rollout_status",
+}
+
 #: S3 error codes that mean the bytes did not match the checksum we sent.
 _S3_INTEGRITY_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
 _XML_FIELD = re.compile(r"<(Code|Message)>([^<]*)</\1>")
@@ -159,6 +169,8 @@ def error_from_response(response: httpx.Response, what: str) -> WeightshipError:
     """The ``WeightshipError`` that a non-2xx ``response`` to ``what`` (e.g. ``GET /v1/x``) means."""
     status = response.status_code
     code, message, fields = _read_body(response)
+    if code is not None:
+        code = LEGACY_CODES.get(code, code)
     cls = _BY_CODE.get(code) if code is not None else None
     if message is None:
         message = _describe_unreadable(response, what)

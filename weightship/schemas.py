@@ -41,10 +41,10 @@ Tickets [issue: that node's own node token; keys: any role]
     POST   /v1/tickets                             TicketRequest    -> TicketGrant (403: not entitled)
     GET    /v1/tickets/keys                                         -> TicketKeys
 Rollouts [reads: any role; create: operator, or publisher where the deployment allows it; verbs: operator]
-    POST   /v1/deployments/{name}/rollouts         RolloutCreate    -> Rollout (201; 409 rollout-active)
+    POST   /v1/deployments/{name}/rollouts         RolloutCreate    -> Rollout (201; 409 rollout_active)
     GET    /v1/deployments/{name}/rollouts                          -> RolloutList (newest first)
     GET    /v1/deployments/{name}/rollouts/{id}                     -> Rollout (id "current": active, else latest)
-    POST   /v1/deployments/{name}/rollouts/{id}/actions RolloutAction -> Rollout (409 rollout-verb)
+    POST   /v1/deployments/{name}/rollouts/{id}/actions RolloutAction -> Rollout (409 rollout_verb)
     GET    /v1/rollouts?active=true                                 -> RolloutList
     POST   /v1/deployments/{name}/analysis/builtin BuiltinMeasure   -> BuiltinMeasurement (operator)
     GET    /v1/deployments/{name}/analysis/loads?digest=            -> VersionLoads (operator)
@@ -79,6 +79,8 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from weightship.modelrollout import RolloutVerb
 
 __all__ = [
     "INT64_MAX",
@@ -1049,4 +1051,4 @@ class RolloutList(_Schema):
 class RolloutAction(_Schema):
     """``POST .../rollouts/{id}/actions``: a verb; the next reconcile acts on it."""
 
-    verb: Literal["promote", "promote-full", "pause", "resume", "abort", "retry"]
+    verb: RolloutVerb

@@ -43,8 +43,8 @@ DigestQuery = Annotated[str, Query(), StringConstraints(pattern=r"^sha256:[0-9a-
 
 
 def _driver(request: Request) -> FleetRolloutDriver:
-    driver = request.app.state.rollouts
-    assert isinstance(driver, FleetRolloutDriver), "the application's lifespan sets app.state.rollouts"
+    driver = state_of(request).rollouts
+    assert driver is not None, "the application's lifespan sets AppState.rollouts"
     return driver
 
 
@@ -60,7 +60,7 @@ async def start_rollout(
     request: Request,
     principal: Principal = Depends(require(Role.operator, Role.publisher)),
 ) -> Rollout:
-    """Start a rollout of ``spec.version``; 409 ``rollout-active`` if one is active, 422 for a bad spec."""
+    """Start a rollout of ``spec.version``; 409 ``rollout_active`` if one is active, 422 for a bad spec."""
     state = state_of(request)
     rollout = await run_in_threadpool(create_rollout, state, name, body, principal, _driver(request).check_spec)
     await state.changes.announce(ROLLOUTS)  # wakes the drivers of every process
@@ -102,7 +102,7 @@ async def rollout_action(
     request: Request,
     principal: Principal = Depends(require(Role.operator)),
 ) -> Rollout:
-    """Apply a verb; 409 ``rollout-verb`` when it does not fit the rollout's state (the message says what does)."""
+    """Apply a verb; 409 ``rollout_verb`` when it does not fit the rollout's state (the message says what does)."""
     state = state_of(request)
     rollout = await run_in_threadpool(apply_verb, state, name, rollout_id, body.verb, principal)
     await state.changes.announce(ROLLOUTS)

@@ -45,7 +45,7 @@ once), the rollout is aborted (``PointerChangedExternally``) until ``retry`` or 
 Every write of the status carries the ``resourceVersion`` it was computed from; a 409 (someone
 changed the resource, a verb annotation for example) re-reads everything and reconciles again.
 The actions are idempotent, so repeating them is harmless. A reconcile that fails is reported
-on the resource by :meth:`RolloutDriver.report_failure` (condition ``Reconciled=False`` and an
+on the resource by :meth:`KubeRolloutDriver.report_failure` (condition ``Reconciled=False`` and an
 Event), so ``kubectl describe mro`` shows a 403, a 422 or an unreachable control plane.
 """
 
@@ -92,7 +92,7 @@ from weightship.logs import event
 from weightship.modelrollout import verb_done
 from weightship.schemas import Deployment
 
-__all__ = ["ANNOTATION_SCALE_DOWN_AT", "EventSink", "RolloutDriver", "failure_of"]
+__all__ = ["ANNOTATION_SCALE_DOWN_AT", "EventSink", "KubeRolloutDriver", "failure_of"]
 
 _log = logging.getLogger("controlplane.k8s.driver")
 
@@ -149,7 +149,7 @@ def failure_of(exc: BaseException) -> Failure:
     return Failure("ReconcileFailed", f"the operator failed: {exc!r}; see its log")
 
 
-class RolloutDriver:
+class KubeRolloutDriver:
     """Reconciles ModelRollouts through the engine; one per operator process."""
 
     def __init__(
@@ -676,17 +676,9 @@ def _selector(name: str, pointer: Mapping[str, Any]) -> str:
 def _apply_verb(verb: str, spec: RolloutSpec, status: RolloutStatus, now: datetime) -> tuple[RolloutStatus, str]:
     """Apply ``promote``, ``promote-full``, ``abort``, ``retry``, ``pause`` or ``resume`` (``@suffix`` ignored)."""
     name = verb.split("@", 1)[0].strip()
-    table: dict[str, Callable[[RolloutSpec, RolloutStatus, datetime], RolloutStatus]] = {
-        "promote": verbs.promote,
-        "promote-full": verbs.promote_full,
-        "abort": verbs.abort_rollout,
-        "retry": verbs.retry,
-        "pause": verbs.pause,
-        "resume": verbs.resume,
-    }
-    function = table.get(name)
+    function = verbs.find(name)
     if function is None:
-        return status, f"{verb}: unknown verb; use one of {sorted(table)}"
+        return status, f"{verb}: unknown verb; use one of {sorted(verbs.BY_NAME)}"
     try:
         return function(spec, status, now), verb_done(verb)
     except verbs.VerbError as exc:

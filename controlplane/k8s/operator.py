@@ -16,7 +16,7 @@ process (or a test) can run several operators side by side. Handlers:
 
 A reconcile that fails (the Kubernetes API refused a request, the control plane cannot be
 reached) becomes the ``Reconciled=False`` condition and a Warning Event on the ModelRollout
-(``RolloutDriver.report_failure``), not only a log line; the worker tries again on the next tick.
+(``KubeRolloutDriver.report_failure``), not only a log line; the worker tries again on the next tick.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, cast
 import kopf
 
 from controlplane.k8s.analysis import RemoteBuiltinProvider
-from controlplane.k8s.driver import RolloutDriver
+from controlplane.k8s.driver import KubeRolloutDriver
 from controlplane.k8s.kube import Body, InCluster, KubeApi, connect
 from controlplane.k8s.leader import LeaderElector
 from controlplane.k8s.replicasets import DEFAULT_WAIT_IMAGE, AgentPaths
@@ -94,7 +94,7 @@ class OperatorConfig:
 
 @dataclass
 class _Runtime:
-    driver: RolloutDriver | None = None
+    driver: KubeRolloutDriver | None = None
     elector: LeaderElector | None = None
     kube: KubeApi | None = None
     client: Client | None = None
@@ -147,7 +147,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Leade
         # pods converge meanwhile (a longer retry here would hold them up).
         runtime.client = Client(config.controlplane_url, config.token, backoff=Backoff(attempts=2))
         runtime.providers = ProviderRegistry.default(builtin=RemoteBuiltinProvider(runtime.client))
-        runtime.driver = RolloutDriver(
+        runtime.driver = KubeRolloutDriver(
             runtime.kube, ControlPlane(runtime.client), runtime.providers,
             post_event=_post_event, wait_image=config.wait_image, agent_paths=config.agent_paths,
             wait_deadline=config.wait_deadline,

@@ -17,6 +17,7 @@ raises :class:`VerbError` saying what state it is in and which verb fits instead
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 
@@ -24,8 +25,9 @@ from controlplane.rollouts.spec import RolloutSpec
 from controlplane.rollouts.status import RolloutStatus
 from controlplane.rollouts.steps import AbortReason, abort, describe
 from weightship.errors import ConflictError
+from weightship.modelrollout import VERBS, RolloutVerb
 
-__all__ = ["VerbError", "abort_rollout", "pause", "promote", "promote_full", "resume", "retry"]
+__all__ = ["BY_NAME", "Verb", "VerbError", "abort_rollout", "find", "pause", "promote", "promote_full", "resume", "retry"]
 
 
 class VerbError(ConflictError):
@@ -130,3 +132,26 @@ def retry(spec: RolloutSpec, status: RolloutStatus, now: datetime) -> RolloutSta
         analysis_runs=(),
         message=f"retry (attempt {status.attempt + 1}) at {now.isoformat()}",
     )
+
+
+#: what a verb does to a rollout's status
+Verb = Callable[[RolloutSpec, RolloutStatus, datetime], RolloutStatus]
+
+#: The one verb table, for the REST API and the operator alike.
+BY_NAME: Mapping[RolloutVerb, Verb] = {
+    "promote": promote,
+    "promote-full": promote_full,
+    "pause": pause,
+    "resume": resume,
+    "abort": abort_rollout,
+    "retry": retry,
+}
+assert tuple(BY_NAME) == VERBS, "every verb of the contract has one function"
+
+
+def find(name: str) -> Verb | None:
+    """The verb spelled ``name``, or ``None``."""
+    return _BY_SPELLING.get(name)
+
+
+_BY_SPELLING: Mapping[str, Verb] = {str(name): verb for name, verb in BY_NAME.items()}

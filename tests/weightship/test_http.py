@@ -37,7 +37,7 @@ from weightship.errors import (
     WeightshipError,
 )
 from weightship.http import AsyncSession, Session
-from weightship.problems import MAX_RETRY_AFTER, error_from_response, retry_after
+from weightship.problems import LEGACY_CODES, MAX_RETRY_AFTER, error_from_response, retry_after
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -90,6 +90,12 @@ def test_problem_details_without_our_code_map_by_status_and_use_the_detail() -> 
     error = error_from_response(problem(409, None, "label v1 names another version"), "POST /v1/labels")
     assert type(error) is ConflictError
     assert error.message == "label v1 names another version"
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(LEGACY_CODES.items()))
+def test_a_previous_release_s_kebab_case_code_reads_as_today_s_snake_case(old: str, new: str) -> None:
+    error = error_from_response(problem(409, old, "rollout r-1 is active"), "POST /v1/deployments/chat/rollouts")
+    assert (type(error), error.code, error.message) == (ConflictError, new, "rollout r-1 is active")
 
 
 def test_problem_details_without_a_detail_fall_back_to_the_title() -> None:

@@ -163,7 +163,7 @@ def test_a_malformed_step_shorthand_is_refused_before_any_request(bad: str) -> N
 
 def test_a_second_rollout_is_refused_with_the_servers_message() -> None:
     message = "deployment 'chat-prod' already has active rollout r-7f3a (Progressing): abort it or wait"
-    result = invoke(lambda r: problem(409, "rollout-active", message), "rollout", "start", "chat-prod", "v3")
+    result = invoke(lambda r: problem(409, "rollout_active", message), "rollout", "start", "chat-prod", "v3")
     assert result.exit_code == 3
     assert message in result.stderr
 
@@ -220,7 +220,7 @@ def test_each_verb_posts_its_action(args: list[str], verb: str) -> None:
 
 def test_a_refused_verb_shows_the_servers_reason_and_exits_3() -> None:
     message = "rollout r-7f3a is not paused: resume fits only a paused rollout; use promote to move on"
-    result = invoke(lambda r: problem(409, "rollout-verb", message), "rollout", "resume", "chat-prod")
+    result = invoke(lambda r: problem(409, "rollout_verb", message), "rollout", "resume", "chat-prod")
     assert result.exit_code == 3
     assert message in result.stderr
 

@@ -213,7 +213,7 @@ class KubeRollouts:
     def act(self, name: str, verb: str, *, wait: float = 30.0, poll: float = 0.2) -> Rollout:
         """Ask the operator to apply ``verb`` to ModelRollout ``name``; wait up to ``wait`` s for its answer.
 
-        Raises ``ConflictError`` (code ``rollout-verb``) with the operator's reason when it refused
+        Raises ``ConflictError`` (code ``rollout_verb``) with the operator's reason when it refused
         the verb, and ``TemporaryError`` when no operator answered in time (the annotation stays:
         the operator applies it when it runs).
         """
@@ -233,7 +233,7 @@ class KubeRollouts:
                 raise ConflictError(
                     f"{what} was refused by the operator, so it takes no verbs: {status.get('message')}; "
                     "fix its spec (kubectl apply) and try again",
-                    code="rollout-verb",
+                    code="rollout_verb",
                 )
             if status.get("handledVerb") == value:
                 result = str(status.get("verbResult") or "")
@@ -241,10 +241,10 @@ class KubeRollouts:
                     raise ConflictError(
                         f"{what} did not apply {verb}: the rollout had not started yet; run the command again once "
                         f"`weightship rollout status {name} --kube --namespace {self.namespace}` shows a phase",
-                        code="rollout-verb",
+                        code="rollout_verb",
                     )
                 if result != verb_done(value):
-                    raise ConflictError(f"{what} refused {verb}: {result}", code="rollout-verb")
+                    raise ConflictError(f"{what} refused {verb}: {result}", code="rollout_verb")
                 return self.get(name)
             if self._clock() >= deadline:
                 raise TemporaryError(

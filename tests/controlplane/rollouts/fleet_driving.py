@@ -24,6 +24,7 @@ from typing import Any
 from controlplane.fleet import desired_deployment, record_heartbeat, register_node
 from controlplane.persistence.db import DeploymentRow
 from controlplane.rollout_driver import FleetRolloutDriver
+from controlplane.state import AppState
 from tests.controlplane.conftest import LiveControlPlane
 from weightship.schemas import (
     DeploymentState,
@@ -105,9 +106,10 @@ class FakeClock:
 
 def driver_of(cp: LiveControlPlane) -> FleetRolloutDriver:
     """The live control plane's rollout driver."""
-    driver = cp.app.state.rollouts
-    assert isinstance(driver, FleetRolloutDriver)
-    return driver
+    state = cp.app.state.ws
+    assert isinstance(state, AppState)
+    assert state.rollouts is not None
+    return state.rollouts
 
 
 def tick(cp: LiveControlPlane, times: int = 1) -> dict[str, str]:

@@ -266,7 +266,7 @@ def test_abort_retry_and_promote_full_over_rest(world: World, hook: Hook) -> Non
 
     resume = world.act(rollout_id, "resume")
     assert resume.status_code == 409
-    assert problem(resume)["code"] == "rollout-verb"
+    assert problem(resume)["code"] == "rollout_verb"
     assert "promote" in problem(resume)["detail"]
 
     aborted = world.act(rollout_id, "abort").json()
@@ -302,7 +302,7 @@ def test_a_second_rollout_of_a_deployment_is_refused_while_one_is_active(world: 
 
     assert refused.status_code == 409
     body = problem(refused)
-    assert body["code"] == "rollout-active"
+    assert body["code"] == "rollout_active"
     assert first["id"] in body["detail"]
     assert "abort" in body["detail"]
     listed = world.client.get("/v1/deployments/chat/rollouts", headers=world.operator).json()
