@@ -38,6 +38,11 @@ __all__ = ["ControlPlaneClient"]
 
 #: blobs per URL request (the schema allows 10,000)
 _URL_BATCH = 1000
+#: a desired-state answer's header: seconds to wait before the next long-poll (the control plane
+#: spreads the return of a fleet that one change answered at once)
+POLL_AFTER = "Poll-After"
+#: the longest ``Poll-After`` obeyed
+_MAX_POLL_AFTER = 60.0
 
 
 class ControlPlaneClient:
@@ -86,8 +91,8 @@ class ControlPlaneClient:
         """Report inventory, what is served, counters, health, validation reports and refusals."""
         await self._session.send("POST", f"/v1/nodes/{segment(node_id)}/heartbeat", json=heartbeat)
 
-    async def desired(self, node_id: str, after: str | None, wait: float) -> DesiredState:
-        """The node's desired state; held by the control plane up to ``wait`` s while it equals ``after``."""
+    async def desired(self, node_id: str, after: str | None, wait: float) -> tuple[DesiredState, float]:
+        """The node's desired state, held up to ``wait`` s while it equals ``after``; and seconds to wait before asking again."""
         params: dict[str, str | float] = {"wait": wait}
         if after is not None:
             params["after"] = after
@@ -97,7 +102,7 @@ class ControlPlaneClient:
             params=params,
             timeout=self._session.read_timeout(self.timeout + wait),
         )
-        return parse(DesiredState, response)
+        return parse(DesiredState, response), _poll_after(response)
 
     async def blob_urls(self, blobs: Sequence[str]) -> dict[str, BlobURL]:
         """Short-lived range-capable read URLs for ``blobs`` (file sha256 hex), made absolute."""
@@ -130,3 +135,12 @@ class ControlPlaneClient:
     async def deployments(self) -> list[Deployment]:
         """Every deployment and its serving pointer (a cache pins the versions they name)."""
         return parse_list(Deployment, await self._session.send("GET", "/v1/deployments"))
+
+
+def _poll_after(response: httpx.Response) -> float:
+    """The answer's ``Poll-After`` seconds, bounded; 0 when absent or unreadable."""
+    try:
+        delay = float(response.headers.get(POLL_AFTER, 0))
+    except ValueError:
+        return 0.0
+    return min(max(delay, 0.0), _MAX_POLL_AFTER) if delay == delay else 0.0  # NaN reads as 0

@@ -545,7 +545,8 @@ class Agent:
         while True:
             asked = asyncio.get_running_loop().time()  # loop time: fake-clock tests drive it
             try:
-                desired = await self.controlplane.desired(node_id, revision, cfg.poll_wait)
+                desired, poll_after = await self.controlplane.desired(node_id, revision, cfg.poll_wait)
+                answered = asyncio.get_running_loop().time()
             except (NotFoundError, AuthError):
                 raise _Reregister() from None
             except WeightshipError as exc:
@@ -567,6 +568,9 @@ class Agent:
                     deployments=",".join(f"{d.name}@{d.epoch}" for d in desired.deployments),
                 )
                 await self.reconciler.apply(desired)
+            if poll_after:
+                # The control plane spreads the return of a fleet that one change answered at once.
+                await asyncio.sleep(max(0.0, answered + poll_after - asyncio.get_running_loop().time()))
 
     async def _heartbeat_loop(self, node_id: str) -> None:
         cfg = self.config

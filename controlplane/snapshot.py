@@ -13,7 +13,9 @@ database read per process, not one per node. So each process keeps:
 - **waiters**: for each deployment, the futures of the long-polls parked on it. A refresh that
   finds a deployment's pointer changed resolves exactly that deployment's futures; those polls
   recompute their desired state in memory and answer if their revision moved (a node outside a
-  canary subset that did not move goes back to waiting). Polls on other deployments never wake;
+  canary subset that did not move goes back to waiting). Polls on other deployments never wake.
+  The futures are resolved a batch per event-loop turn (``controlplane.pacing``), so a change
+  that wakes thousands of polls does not hold up the requests waiting behind it;
 - **staging** (``controlplane.staging``): every preheat and warm pool, read on the first poll that
   needs it and re-read on ``staging`` (and, while a warm pool exists, ``deployments``), plus each
   node's labels and role (read with its identity). A refresh that changes the view wakes exactly
@@ -36,6 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.notify import DEPLOYMENTS, RESYNC, STAGING
+from controlplane.pacing import Waker
 from controlplane.persistence.db import DeploymentRow, NodeRow
 from controlplane.staging import StagingView, read_view
 from weightship.errors import NotFoundError
@@ -114,6 +117,8 @@ class Snapshots:
         self._refreshing: asyncio.Task[None] | None = None
         #: set by ``drain``: the process is stopping and polls answer at once instead of parking
         self.draining = False
+        #: resolves the futures of woken polls, a batch per event-loop turn (``controlplane.pacing``)
+        self.waker = Waker()
 
     # --- what the desired-state route uses ----------------------------------------------------
 
@@ -252,9 +257,7 @@ class Snapshots:
             return
         for node_id in list(self._node_waiters):
             if self._stage_of(old, node_id) != self._stage_of(view, node_id):
-                for future in self._node_waiters.pop(node_id, ()):
-                    if not future.done():
-                        future.set_result(None)
+                self.waker.wake(self._node_waiters.pop(node_id, ()))
 
     async def _refresh_while_dirty(self) -> None:
         while self._dirty:
@@ -271,9 +274,7 @@ class Snapshots:
             return  # read before a newer row we already hold; deployments are never deleted
         self._rows[name] = row
         if _pointer(old) != _pointer(row):
-            for future in self._waiters.pop(name, ()):
-                if not future.done():
-                    future.set_result(None)
+            self.waker.wake(self._waiters.pop(name, ()))
 
     def _trim(self) -> None:
         if len(self._rows) >= MAX_DEPLOYMENTS:

@@ -156,12 +156,17 @@ def _node_sample(report: dict[str, Any]) -> NodeSample | None:
 
 def live_sample(session: Session, now: datetime, stale_seconds: float) -> FleetSample:
     """The counters every live node reported last."""
+    # Only the reports' ``serve`` part, extracted by the database: parsing every whole report (the
+    # inventory is most of it) held the interpreter for hundreds of ms per sample in a large fleet.
+    serve = NodeRow.report["serve"]
     rows = session.execute(
-        select(NodeRow.id, NodeRow.report).where(NodeRow.last_seen >= now - timedelta(seconds=stale_seconds))
+        select(NodeRow.id, serve).where(
+            NodeRow.last_seen >= now - timedelta(seconds=stale_seconds), serve.is_not(None)
+        )
     ).all()
     fleet: FleetSample = {}
-    for node_id, report in rows:
-        sample = _node_sample(report or {})
+    for node_id, raw in rows:
+        sample = _node_sample({"serve": raw})
         if sample is not None:
             fleet[node_id] = sample
     return fleet

@@ -72,7 +72,7 @@ BENCHES = [
     ),
     Bench(
         "heartbeats.py",
-        ("--nodes", "50", "--rates", "100", "--step-seconds", "1", "--idle-seconds", "1"),
+        ("--nodes", "50", "--wave-rates", "100", "--wave-seconds", "2", "--rates", "100", "--step-seconds", "1", "--idle-seconds", "1"),
         tuple(f"{db}.{key}" for db in ("sqlite", "postgres") for key in HEARTBEAT_KEYS),
     ),
 ]

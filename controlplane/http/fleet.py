@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import random
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
@@ -26,6 +26,7 @@ from controlplane.fleet import (
 from controlplane.http import state_of
 from controlplane.http.auth import require, require_enrolment, require_node
 from controlplane.http.problems import errors
+from controlplane.pacing import expiry
 from controlplane.staging import with_stage
 from weightship.schemas import (
     DeploymentAssignment,
@@ -40,7 +41,10 @@ from weightship.schemas import (
     Role,
 )
 
-__all__ = ["router"]
+__all__ = ["POLL_AFTER", "router"]
+
+#: response header of a desired-state answer: seconds the agent waits before its next long-poll
+POLL_AFTER = "Poll-After"
 
 nodes_router = APIRouter(prefix="/v1/nodes", tags=["fleet"])
 
@@ -51,10 +55,8 @@ status_router = APIRouter(prefix="/v1/deployments", tags=["fleet"])
 router = APIRouter()
 
 
-_JITTER_FROM_SECONDS = 5.0
-
-
-_JITTER_SHARE = 0.2
+#: long-polls of at least this many seconds expire on their node's phase (``controlplane.pacing``)
+_PHASED_FROM_SECONDS = 5.0
 
 
 @nodes_router.post(
@@ -136,14 +138,18 @@ async def desired(
     wait: Annotated[float, Query(ge=0, le=3600)] = 0.0,
     _principal: Principal = Depends(require_node()),
 ) -> Response:
-    """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``."""
+    """The node's desired state; with ``after`` and ``wait``, held until its revision differs from ``after``.
+
+    A wait of 5 s or more ends on the node's phase of the window, so it may be shorter than asked
+    (``controlplane.pacing``). An answer with news may carry ``Poll-After: SECONDS``: ask again after that.
+    """
     state = state_of(request)
     loop = asyncio.get_running_loop()
     waited = min(wait, state.settings.long_poll_max_seconds)
-    if waited >= _JITTER_FROM_SECONDS:
+    if waited >= _PHASED_FROM_SECONDS:
         # Polls answered together (by a pointer change) would otherwise all time out and come
-        # back together too, every time: shortening each wait a little spreads them out.
-        waited *= random.uniform(1 - _JITTER_SHARE, 1)  # spreading load, not secrecy
+        # back together too, every time: each ends on its node's phase of the window instead.
+        waited = expiry(node_id, time.time(), waited)
     deadline = loop.time() + waited
     snapshots = state.snapshots
     # A plain read (no ``after``: an agent that just started or re-registered, or a person) reads
@@ -167,7 +173,10 @@ async def desired(
                     revision.encode(),
                     members,
                 )
-                return Response(body, media_type="application/json")
+                # News for a long-poll: ask the agent back later when many polls heard it at once.
+                delay = snapshots.waker.poll_after() if after is not None and revision != after else 0.0
+                headers = {POLL_AFTER: f"{delay:.3f}"} if delay else None
+                return Response(body, media_type="application/json", headers=headers)
             gauge.inc()
             try:
                 await asyncio.wait((changed,), timeout=remaining)
