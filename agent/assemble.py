@@ -79,9 +79,12 @@ class Assembler:
         executor: Executor,
         protected: Callable[[], set[str]],
         on_trouble: Callable[[], None] = lambda: None,
+        on_placed: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.on_trouble = on_trouble
+        #: called on the event loop after each chunk is verified in place (wakes streaming readers)
+        self.on_placed = on_placed
         self.retention = retention
         self.fetcher = fetcher
         self.manifests = manifests
@@ -121,6 +124,7 @@ class Assembler:
             self.staging[digest] = staging  # served from now on, in place of an earlier try's (re-checked above)
             linked = await self._run(staging.link_identical, self.store.local_files())
             self.counters.add(bytes_copied_locally=linked)
+            self.on_placed()
             progress.bytes_present = staging.bytes_present()
             jobs = staging.jobs()
             need = sum(job.bytes_placed for job in jobs)
@@ -144,6 +148,7 @@ class Assembler:
                 nonlocal last_log
                 progress.bytes_present += n
                 self.retention.progress(digest, n)
+                self.on_placed()
                 now = time.monotonic()
                 if now - last_log >= PROGRESS_LOG_SECONDS:
                     last_log = now

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from agent.assemble import Assembler
 from agent.cache import ReadThroughCache
+from agent.chunkfeed import ChunkFeeds
 from agent.chunkstore import ChunkStore
 from agent.config import AgentConfig
 from agent.controlplane_client import ControlPlaneClient
@@ -150,7 +151,9 @@ class Agent:
             self.executor,
             lambda: self.reconciler.protected(),  # the reconciler is created just below
             on_trouble=self._changed.set,
+            on_placed=self.serving.poke,
         )
+        self.assembler = assembler
         self.retention.on_evicted = self._evicted(assembler)
         self.switch_hooks = SwitchHooks(
             {h.deployment: h for h in config.switch_hooks},
@@ -359,6 +362,7 @@ class Agent:
             versions=self.reconciler if cfg.role != "cache" else None,
             on_pinned=self._pinned,
             metrics=self.metrics_text,
+            chunks=ChunkFeeds(self.assembler.staging, self.store) if cfg.role != "cache" else None,
         )
         self.local_api_url = await api.start(cfg.local_api)
         metrics = MetricsServer(self.metrics_text) if cfg.metrics_listen else None

@@ -14,6 +14,10 @@ the weights). Routes, under ``/local/v1`` (schemas in ``weightship.schemas``)::
                                                            failed or unknown, with the reason
     GET  /versions/{digest}/wait?deployment=D&timeout=S -> LocalVersion once ready, or as it stands
                                                            when the timeout passes
+    GET  /versions/{digest}/chunks?after=N&feed=F&state=S&deployment=D&timeout=S
+                                 -> LocalChunkPage: the chunks verified since cursor N, in arrival
+                                    order, once there are any (or the state changes, or the timeout
+                                    passes); what a streaming load reads (``agent.chunkfeed``)
     PUT  /leases/{holder}        LocalLease            -> LocalVersion; the version is never evicted
                                                            while the lease lives
     DELETE /leases/{holder}                            -> 204 (the holder stopped serving)
@@ -43,10 +47,12 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
+from agent.chunkfeed import ChunkFeeds
 from agent.metricsserver import metrics_handler
 from agent.pins import ASK_SECONDS, Pins
 from agent.problems import boundary, problem_response
 from agent.serving import Serving
+from weightship.chunkfeed import LocalChunkPage
 from weightship.errors import NotFoundError, ValidationError
 from weightship.logs import event
 from weightship.schemas import LocalLease, LocalVersion, NodeHeartbeat, ServeReport, ValidationReport
@@ -103,8 +109,10 @@ class LocalAPI:
         versions: Versions | None = None,
         on_pinned: Callable[[], None] = lambda: None,
         metrics: Callable[[], str] | None = None,
+        chunks: ChunkFeeds | None = None,
     ) -> None:
         self.serving = serving
+        self.chunks = chunks
         self.versions = versions
         #: called after every ask, lease and release (the agent follows deployments and stages versions)
         self.on_pinned = on_pinned
@@ -122,6 +130,7 @@ class LocalAPI:
                 web.get("/local/v1/status", self._status),
                 web.get("/local/v1/versions/{digest}", self._version),
                 web.get("/local/v1/versions/{digest}/wait", self._version_wait),
+                web.get("/local/v1/versions/{digest}/chunks", self._version_chunks),
                 web.put("/local/v1/leases/{holder}", self._lease),
                 web.delete("/local/v1/leases/{holder}", self._release),
             ]
@@ -237,6 +246,30 @@ class LocalAPI:
 
         found = await self.serving.settle(ready, max(0.0, timeout))
         return _json(found or versions.describe(digest, deployment))
+
+    async def _version_chunks(self, request: web.Request) -> web.Response:
+        versions, digest, deployment = self._asked(request)
+        feeds = self.chunks
+        if feeds is None:
+            raise NotFoundError("this agent does not stream versions being fetched (a cache has no model servers)")
+        try:
+            after = int(request.query.get("after", "0"))
+            timeout = min(float(request.query.get("timeout", "30")), ASK_SECONDS / 2)
+        except ValueError:
+            raise ValidationError(
+                "after must be an integer and timeout a number of seconds", fields={"digest": digest}
+            ) from None
+        token = request.query.get("feed", "")[:64]
+        known = request.query.get("state", "")[:16]
+        versions.pins.ask(deployment, digest)
+        self.on_pinned()
+
+        def news() -> LocalChunkPage | None:
+            page = feeds.page(digest, after, token, versions.describe(digest, deployment))
+            return page if feeds.news(page, token, known) else None
+
+        found = await self.serving.settle(news, max(0.0, timeout))
+        return _json(found or feeds.page(digest, after, token, versions.describe(digest, deployment)))
 
     async def _lease(self, request: web.Request) -> web.Response:
         holder = request.match_info["holder"]
