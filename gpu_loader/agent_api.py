@@ -23,6 +23,7 @@ from gpu_loader.errors import AgentUnavailableError
 from gpu_loader.loader import LoadStats
 from gpu_loader.validation import ValidationOutcome
 from weightship.backoff import Backoff
+from weightship.chunkfeed import LocalChunkPage
 from weightship.errors import TemporaryError
 from weightship.http import AsyncSession, Params, parse, segment
 from weightship.schemas import (
@@ -105,6 +106,16 @@ class LocalAgent:
             seconds=seconds + 10.0,
         )
         return parse(LocalVersion, response)
+
+    async def chunks(
+        self, digest: str, deployment: str, *, after: int, feed: str, state: str, seconds: float
+    ) -> LocalChunkPage:
+        """The chunks of ``digest`` verified since cursor ``after`` of ``feed``, once there are any (``agent.chunkfeed``)."""
+        params: Params = {"deployment": deployment, "after": after, "feed": feed, "state": state, "timeout": seconds}
+        response = await self._request(
+            "GET", f"/local/v1/versions/{segment(digest)}/chunks", params=params, seconds=seconds + 10.0
+        )
+        return parse(LocalChunkPage, response)
 
     async def lease(self, holder: str, deployment: str, digest: str, seconds: float) -> LocalVersion:
         """Hold ``digest`` for ``seconds`` (renew before they pass): the agent stages it and never evicts it."""
