@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,13 +38,15 @@ from gpu_loader.errors import FileMismatchError
 from gpu_loader.loader import Loader, LoadSession, VerifyMode, _select, resolve_device
 from gpu_loader.pipeline import CheckPolicy, Pipeline
 from gpu_loader.plan import CPU_ALIGN, CUDA_ALIGN, Item, LoadPlan, make_plan
+from gpu_loader.sharding import ShardSpec
+from gpu_loader.staging import StagingRing
 from gpu_loader.targets import CpuTarget, CudaTarget, Target
-from gpu_loader.version import OpenFile, Version, _check_header
+from gpu_loader.version import OpenFile, Version, _check_header, open_version
 from weightship.errors import ValidationError
 from weightship.logs import event
 from weightship.manifest import Manifest
 
-__all__ = ["StreamProgress", "StreamingPipeline", "StreamingSession", "streaming_session"]
+__all__ = ["StreamProgress", "StreamingLoader", "StreamingPipeline", "StreamingSession", "streaming_session"]
 
 _log = logging.getLogger(__name__)
 #: how often a waiting reader looks whether the load was cancelled
@@ -269,3 +271,42 @@ def streaming_session(
     session.progress = StreamProgress(tensors_total=len(plan.slots), bytes_total=plan.tensor_bytes)
     event(_log, "load.stream_planned", digest=version.digest, tensors=len(plan.slots), items=len(plan.items))
     return session
+
+
+class StreamingLoader(Loader):
+    """A ``Loader`` whose sessions stream: each is handed to ``attach`` (which reports chunks to it).
+
+    It shares ``base``'s options and pinned staging ring, so a streaming load holds no more memory
+    than an ordinary one; ``load``, ``load_into`` and everything built on them work unchanged.
+    """
+
+    def __init__(self, base: Loader, attach: Callable[[StreamingSession], None]) -> None:
+        super().__init__(base.options)
+        self._base = base
+        self._attach = attach
+
+    def _pinned_ring(self, wanted: int) -> StagingRing:
+        return self._base._pinned_ring(wanted)
+
+    def session(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        manifest: Manifest | None = None,
+        digest: str | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        verify: VerifyMode = "full",
+        shard: ShardSpec | None = None,
+        names: Iterable[str] | None = None,
+    ) -> LoadSession:
+        """A streaming session of the version being assembled in ``directory``, attached to its feed."""
+        if shard is not None:
+            raise ValidationError("tensor-parallel loads are not streamed: load the version once it is ready")
+        version = open_version(directory, manifest, digest)
+        session = streaming_session(self, version, device=device, dtype=dtype, verify=verify, names=names)
+        self._attach(session)
+        return session
+
+    def close(self) -> None:
+        """Nothing of its own to release (the ring is ``base``'s)."""
