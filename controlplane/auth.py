@@ -1,8 +1,8 @@
 """Bearer-token authentication and role-based authorisation, and the node a token acts for.
 
 Tokens look like ``ws_<40 url-safe chars>``; only their SHA-256 is stored. Roles: ``publisher``
-publishes versions, ``operator`` moves pointers, ``agent`` is a node daemon, ``admin`` may do
-everything. Every ``/v1`` route declares the roles it admits with ``require(...)``.
+publishes versions, ``operator`` moves pointers, ``agent`` is a node daemon, ``read`` reads (the
+API's GET routes and the status page at ``/ui/``) and writes nothing, ``admin`` may do everything. Every ``/v1`` route declares the roles it admits with ``require(...)``.
 
 **Node identity.** An ``agent`` token comes in two kinds:
 

@@ -190,6 +190,7 @@ class Role(StrEnum):
     operator = "operator"
     agent = "agent"
     admin = "admin"
+    read = "read"  # reads every GET route (and the status page at /ui/), writes nothing
 
 
 class ErrorDetail(_Schema):

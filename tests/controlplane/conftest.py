@@ -84,7 +84,7 @@ def role_headers(cp_state: AppState) -> dict[Role, dict[str, str]]:
     """
     headers = {Role.admin: ADMIN_HEADERS}
     with cp_state.sessions() as session:
-        for role in (Role.publisher, Role.operator, Role.agent):
+        for role in (Role.publisher, Role.operator, Role.agent, Role.read):
             secret = new_secret()
             session.add(
                 TokenRow(

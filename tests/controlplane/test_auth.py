@@ -31,10 +31,10 @@ pytestmark = pytest.mark.timeout(120)
 #: an agent token bound to no node (it may only enrol one) and a node token (acts for its node only)
 ENROL = "enrolment"
 NODE = "node"
-ADMIN, PUBLISHER, OPERATOR = Role.admin.value, Role.publisher.value, Role.operator.value
+ADMIN, PUBLISHER, OPERATOR, READ = Role.admin.value, Role.publisher.value, Role.operator.value, Role.read.value
 AGENT = (ENROL, NODE)
 #: every caller with a token but an enrolment token, which can enrol and nothing else
-ANY = frozenset({ADMIN, PUBLISHER, OPERATOR, NODE})
+ANY = frozenset({ADMIN, PUBLISHER, OPERATOR, READ, NODE})
 
 
 def only(*callers: str) -> frozenset[str]:
