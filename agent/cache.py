@@ -46,11 +46,11 @@ from typing import Protocol
 import aiohttp
 
 from agent.bandwidth import SLICE, TokenBucket
+from agent.chunkorder import chunk_order
 from agent.chunkstore import ChunkStore
 from agent.peerserver import ChunkLocation, chunk_path
 from agent.problems import answer_error
 from agent.tickets import Audiences, TicketKeeper
-from agent.tracker import chunk_order
 from weightship.digests import sha256_hex
 from weightship.errors import NotFoundError, TemporaryError, WeightshipError
 from weightship.logs import event

@@ -39,6 +39,7 @@ from pathlib import Path
 from agent.assemble import Assembler
 from agent.cache import ReadThroughCache
 from agent.chunkfeed import ChunkFeeds
+from agent.chunkorder import chunk_order
 from agent.chunkstore import ChunkStore
 from agent.config import AgentConfig
 from agent.controlplane_client import ControlPlaneClient
@@ -60,7 +61,7 @@ from agent.sources import Sources
 from agent.store import VersionStore
 from agent.switchhooks import SwitchHooks
 from agent.tickets import TicketKeeper
-from agent.tracker import Tracker, TrackerSettings, chunk_order
+from agent.tracker import Tracker, TrackerSettings
 from agent.tracker_api import TrackerRoutes
 from weightship.addresses import parse_networks
 from weightship.backoff import DelaySequence

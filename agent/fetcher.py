@@ -31,12 +31,12 @@ from concurrent.futures import Executor
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from agent.chunkorder import chunk_order, obtainable, rank_chunks
 from agent.counters import Counters
 from agent.rangeclient import RangeClient, UrlRejected
 from agent.sources import Deferred, Sources, Want, is_busy, reason_of
 from agent.staging import ChunkJob, Staging
 from agent.store import LocalChunk
-from agent.tracker import chunk_order, obtainable, rank_chunks
 from weightship.backoff import DelaySequence
 from weightship.errors import DiskFullError, IntegrityError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event

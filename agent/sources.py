@@ -11,7 +11,7 @@ right to go up a tier, or says wait. A chunk the node is told to wait for is ``D
 fetcher puts it back for ``retry_after`` and takes another chunk meanwhile; once a chunk has been
 deferred for ``wait_limit`` seconds (the tracker's upstream lease: by then a grant held by a node
 that died has expired) the node goes up anyway: liveness beats the bound. Which chunk to take next comes from the tracker's
-``availability`` of the version (``agent.tracker.rank_chunks``: rarest first), read at most every
+``availability`` of the version (``agent.chunkorder.rank_chunks``: rarest first), read at most every
 ``availability_ttl`` seconds. A parent slower than ``peer_min_rate`` (bytes/s, after a
 ``slow_floor`` second allowance) is cut off and reported ``slow``; a 429/503 is ``refused``. A
 tracker that does not answer is skipped (the node falls back up the tiers). When a round of tiers
@@ -47,10 +47,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from agent.chunkorder import Availability, bitmap_of, chunk_order
 from agent.problems import answer_error, status_error
 from agent.rangeclient import HttpAnswer, RangeClient
 from agent.tickets import Audiences
-from agent.tracker import Availability, bitmap_of, chunk_order
 from weightship.errors import ForbiddenError, IntegrityError, TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.manifest import Manifest

@@ -34,9 +34,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from aiohttp import web
 from pydantic import ValidationError as PydanticValidationError
 
+from agent.chunkorder import chunk_order, indexes_of
 from agent.listenerbounds import LogBudget
 from agent.tickets import TicketKeeper
-from agent.tracker import NodeView, Reason, Tracker, chunk_order, indexes_of
+from agent.tracker import NodeView, Reason, Tracker
 from agent.tracker_limits import MissCache, RequestRate, check_announced
 from weightship.addresses import Network
 from weightship.errors import ForbiddenError, NotFoundError, ValidationError
@@ -204,7 +205,7 @@ def _decode(have: str, count: int) -> bytes:
     if len(have) > 4 * (((count + 7) // 8 + 2) // 3):
         raise ValidationError(
             f"have-bitmap is {len(have)} base64 characters but the version has {count} chunks; announce with the "
-            "version's chunk order (agent.tracker.chunk_order)"
+            "version's chunk order (agent.chunkorder.chunk_order)"
         )
     try:
         return base64.b64decode(have, validate=True)

@@ -46,7 +46,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.tracker import NodeView, Tracker, TrackerSettings, rank_chunks
+from agent.chunkorder import rank_chunks
+from agent.tracker import NodeView, Tracker, TrackerSettings
 from weightship.sizes import parse_size
 
 VERSION = "sha256:" + "5e" * 32
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--order",
         choices=["sequential", "random", "rarest"],
-        help="the order a node wants chunks in: the agent's is rarest (agent.tracker.rank_chunks on the "
+        help="the order a node wants chunks in: the agent's is rarest (agent.chunkorder.rank_chunks on the "
         "tracker's availability; fanout's default; plan's is random, as rarest costs O(nodes x chunks) per ask)",
     )
     parser.add_argument(

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from agent.chunkorder import chunk_order
 from agent.counters import Counters
 from agent.fetcher import Fetcher
 from agent.rangeclient import RangeClient
 from agent.sources import Sources
 from agent.staging import Staging
-from agent.tracker import NodeView, Tracker, TrackerSettings, chunk_order
+from agent.tracker import NodeView, Tracker, TrackerSettings
 from tests.agent.test_fetcher import URLs
 from tests.agent.tracker_parts import Signer, chunk_server, serve, tracker_server
 from weightship.testing import Origin

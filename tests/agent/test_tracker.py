@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.tracker import (
-    Availability,
-    NodeView,
-    Reason,
-    Tracker,
-    TrackerSettings,
-    bitmap_of,
-    chunk_order,
-    indexes_of,
-    obtainable,
-    rank_chunks,
-)
+from agent.chunkorder import Availability, bitmap_of, chunk_order, indexes_of, obtainable, rank_chunks
+from agent.tracker import NodeView, Reason, Tracker, TrackerSettings
 from weightship.errors import ValidationError
 
 pytestmark = pytest.mark.timeout(10)

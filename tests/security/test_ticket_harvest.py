@@ -21,7 +21,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from agent.tracker import bitmap_of, chunk_order
+from agent.chunkorder import bitmap_of, chunk_order
 from tests.agent.agent_processes import AgentProcess, Spawn
 from tests.agent.controlplane_process import ADMIN_TOKEN
 from tests.agent.fleet import Fleet
