@@ -181,7 +181,8 @@ def seed_versions(database_url: str, labels: tuple[str, ...]) -> None:
     """Ready versions of model ``llama`` straight in the database (publishing is not measured)."""
     import hashlib
 
-    from controlplane.persistence.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
+    from controlplane.persistence.engine import make_engine, make_sessionmaker
+    from controlplane.persistence.rows import LabelRow, ModelRow, VersionRow, utcnow
 
     engine = make_engine(database_url)
     with make_sessionmaker(engine)() as session:

@@ -69,7 +69,7 @@ def _settings() -> Settings:
     """
     from sqlalchemy import exc, make_url, text
 
-    from controlplane.persistence.db import make_engine
+    from controlplane.persistence.engine import make_engine
     from controlplane.persistence.store import open_store
     from weightship.errors import WeightshipError
 
@@ -241,7 +241,7 @@ def _serve(host: str, port: int, log_level: str) -> int:
 
 def _migrate(show: bool) -> int:
     from controlplane.persistence import migrate
-    from controlplane.persistence.db import make_engine
+    from controlplane.persistence.engine import make_engine
 
     engine = make_engine(_settings().database_url)
     try:

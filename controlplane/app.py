@@ -5,7 +5,7 @@ Routers live in ``controlplane.http``, in modules named after what they manage (
 typed ``AppState`` (``controlplane.state``). Every error leaves as RFC 9457 problem details
 (``controlplane.http.problems``); a ``TemporaryError`` (503) carries ``Retry-After``. A database
 that is locked, out of pooled connections or unreachable answers 503 ``database_unavailable``
-within the engine's bounded waits (``controlplane.persistence.db.make_engine``), never a 500
+within the engine's bounded waits (``controlplane.persistence.engine.make_engine``), never a 500
 after a stall. Request bodies are bounded per route (``controlplane.http.limits``).
 """
 
@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.autoscaling import AutoscalingCollector
 from controlplane.http import problems, state_of
 from controlplane.http.limits import BodyLimit
-from controlplane.persistence.db import QueryCounter, database_errors, make_engine
+from controlplane.persistence.engine import QueryCounter, database_errors, make_engine
 from controlplane.settings import Settings
 from controlplane.state import AppState
 from controlplane.traffic import sample_forever

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.persistence.db import NodeRow, TokenRow
+from controlplane.persistence.rows import NodeRow, TokenRow
 from weightship.errors import AuthError, ForbiddenError
 from weightship.schemas import Role
 

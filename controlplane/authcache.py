@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.notify import RESYNC, token_topic
-from controlplane.persistence.db import TokenRow
+from controlplane.persistence.rows import TokenRow
 
 __all__ = ["MAX_ENTRIES", "TTL_SECONDS", "TokenCache"]
 

@@ -33,7 +33,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.persistence.db import DeploymentRow, NodeRow, database_errors, utcnow
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import DeploymentRow, NodeRow, utcnow
 from controlplane.rollouts.comparison import histogram_quantile
 from controlplane.traffic import FleetSample, Window, live_sample, windows
 from weightship.errors import TemporaryError

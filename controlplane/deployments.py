@@ -38,7 +38,8 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from controlplane.notify import DEPLOYMENTS
-from controlplane.persistence.db import DeploymentRow, ModelRow, PointerEventRow, VersionRow, database_errors, utcnow
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
 from controlplane.registry import resolve_version
 from controlplane.staging import check_selector
 from controlplane.state import AppState

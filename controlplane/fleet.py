@@ -59,8 +59,8 @@ from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
 from controlplane.deployments import to_schema
-from controlplane.persistence.db import DeploymentRow, NodeRow, TokenRow, VersionRow, utcnow
 from controlplane.persistence.heartbeats import HeartbeatWrite
+from controlplane.persistence.rows import DeploymentRow, NodeRow, TokenRow, VersionRow, utcnow
 from controlplane.snapshot import MAX_NODES, RECHECK_SECONDS, unknown_node
 from controlplane.staging import check_selector
 from controlplane.state import AppState

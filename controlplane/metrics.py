@@ -20,7 +20,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.persistence.db import DeploymentRow, NodeRow, database_errors, utcnow
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import DeploymentRow, NodeRow, utcnow
 from weightship.errors import TemporaryError
 
 __all__ = ["ControlPlaneMetrics", "FleetCollector", "create_metrics"]

@@ -27,7 +27,8 @@ from sqlalchemy.orm import Session
 
 from controlplane.deployments import load_deployment, resolve_ready, to_schema
 from controlplane.notify import STAGING
-from controlplane.persistence.db import NodeRow, PreheatRow, database_errors, utcnow
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import NodeRow, PreheatRow, utcnow
 from controlplane.staging import STAGING_ROLE, check_selector, matches
 from controlplane.state import AppState
 from weightship.errors import ConflictError, NotFoundError

@@ -61,7 +61,8 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import CursorResult
 
 from controlplane.auth import Principal
-from controlplane.persistence.db import ModelRow, UploadSessionRow, VersionRow, database_errors
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import ModelRow, UploadSessionRow, VersionRow
 from controlplane.persistence.store import BlobStat, OriginStore, PartSpec, blob_key, manifest_key, provenance_key
 from controlplane.persistence.store.parts import plan_parts, stat_matches, verify_stored
 from controlplane.registry import (

@@ -40,15 +40,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.persistence import migrate
-from controlplane.persistence.db import (
-    LabelRow,
-    ModelRow,
-    VersionRow,
-    database_errors,
-    make_engine,
-    make_sessionmaker,
-    utcnow,
-)
+from controlplane.persistence.engine import database_errors, make_engine, make_sessionmaker
+from controlplane.persistence.rows import LabelRow, ModelRow, VersionRow, utcnow
 from controlplane.persistence.store import OriginStore, provenance_key, store_from_url
 from controlplane.persistence.store.origin import BLOBS, LABELS, MANIFESTS
 from controlplane.registry import as_utc, pickle_files

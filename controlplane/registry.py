@@ -23,7 +23,8 @@ from pathlib import PurePosixPath
 from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
-from controlplane.persistence.db import BlobChunksRow, LabelRow, ModelRow, VersionRow, database_errors
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import BlobChunksRow, LabelRow, ModelRow, VersionRow
 from controlplane.persistence.store import OriginStore, label_key
 from controlplane.state import AppState
 from weightship.digests import parse_digest

@@ -63,7 +63,7 @@ from sqlalchemy.engine import CursorResult
 from controlplane.deployments import Pointer, change_pointer, notify_pointer_changed, pointer_action
 from controlplane.fleet import canary_share_for, in_canary, node_infos
 from controlplane.notify import RESYNC
-from controlplane.persistence.db import DeploymentRow, RolloutRow, VersionRow, utcnow
+from controlplane.persistence.rows import DeploymentRow, RolloutRow, VersionRow, utcnow
 from controlplane.rollout_resources import ROLLOUTS
 from controlplane.rollouts.actions import MeasureMetric, SetPointer
 from controlplane.rollouts.engine import Reconciliation, reconcile

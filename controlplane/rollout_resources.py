@@ -1,6 +1,6 @@
 """Rollout resources: create, read, list and act on rollouts of a deployment (``/v1/.../rollouts``).
 
-A rollout row (``controlplane.persistence.db.RolloutRow``) holds the spec as created (its
+A rollout row (``controlplane.persistence.rows.RolloutRow``) holds the spec as created (its
 ``version`` resolved to a digest), the engine's status (``controlplane.rollouts.status``), and
 what the driver last saw of the fleet. This module keeps the rules of the resource; the fleet
 driver (``controlplane.rollout_driver``) moves it forward.
@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.auth import Principal
 from controlplane.deployments import load_deployment, resolve_ready
-from controlplane.persistence.db import DeploymentRow, RolloutRow, utcnow
+from controlplane.persistence.rows import DeploymentRow, RolloutRow, utcnow
 from controlplane.rollouts import verbs
 from controlplane.rollouts.spec import AnalysisStep, PauseStep, PrefetchStep, RolloutSpec, RolloutSpecError, parse_spec
 from controlplane.rollouts.status import RolloutStatus, StatusError

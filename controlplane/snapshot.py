@@ -39,7 +39,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.notify import DEPLOYMENTS, RESYNC, STAGING
 from controlplane.pacing import Waker
-from controlplane.persistence.db import DeploymentRow, NodeRow
+from controlplane.persistence.rows import DeploymentRow, NodeRow
 from controlplane.staging import StagingView, read_view
 from weightship.errors import NotFoundError
 from weightship.schemas import StagedVersion

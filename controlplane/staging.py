@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.persistence.db import DeploymentRow, PreheatRow
+from controlplane.persistence.rows import DeploymentRow, PreheatRow
 from weightship.digests import sha256_hex
 from weightship.errors import ValidationError
 from weightship.schemas import NodeLabels, StagedVersion

@@ -25,8 +25,9 @@ from controlplane.authcache import TokenCache
 from controlplane.metrics import ControlPlaneMetrics, create_metrics
 from controlplane.notify import ChangeFeed
 from controlplane.persistence.batch import GroupCommit
-from controlplane.persistence.db import make_sessionmaker, utcnow
+from controlplane.persistence.engine import make_sessionmaker
 from controlplane.persistence.heartbeats import HeartbeatWrite, store_heartbeats
+from controlplane.persistence.rows import utcnow
 from controlplane.persistence.store import OriginStore
 from controlplane.settings import Settings
 from controlplane.snapshot import Snapshots

@@ -52,7 +52,7 @@ from datetime import UTC, datetime
 from sqlalchemy import exc, select
 from sqlalchemy.orm import Session
 
-from controlplane.persistence.db import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
+from controlplane.persistence.rows import DeploymentRow, NodeRow, TicketKeyRow, VersionRow, utcnow
 from controlplane.persistence.store import manifest_key
 from controlplane.staging import matches, staged_digests
 from controlplane.state import AppState, SigningKeys

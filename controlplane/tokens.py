@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.auth import hash_secret, new_secret
 from controlplane.notify import token_topic
-from controlplane.persistence.db import NodeRow, TokenRow, utcnow
+from controlplane.persistence.rows import NodeRow, TokenRow, utcnow
 from controlplane.state import AppState
 from weightship.errors import ConflictError, ValidationError
 from weightship.schemas import Role, TokenInfo

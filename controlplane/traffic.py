@@ -30,7 +30,8 @@ from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.persistence.db import NodeRow, ServeSampleRow, database_errors, utcnow
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import NodeRow, ServeSampleRow, utcnow
 from weightship.errors import TemporaryError
 from weightship.logs import event
 from weightship.schemas import SERVE_LATENCY_BOUNDS, NodeServeMetrics

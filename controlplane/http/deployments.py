@@ -23,7 +23,7 @@ from controlplane.deployments import (
 from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.http.problems import errors
-from controlplane.persistence.db import DeploymentRow, PointerEventRow
+from controlplane.persistence.rows import DeploymentRow, PointerEventRow
 from controlplane.preheats import announce_staging, preheated_digests
 from weightship.schemas import (
     INT64_MAX,

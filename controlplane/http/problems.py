@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from controlplane.persistence.db import database_errors
+from controlplane.persistence.engine import database_errors
 from weightship.errors import Field, WeightshipError
 from weightship.problems import PROBLEM_MEDIA_TYPE, error_problem, problem_document, status_title
 

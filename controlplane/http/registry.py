@@ -28,7 +28,8 @@ from controlplane.auth import ANY_ROLE, Principal
 from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.http.problems import errors
-from controlplane.persistence.db import LabelRow, ModelRow, VersionRow, database_errors
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import LabelRow, ModelRow, VersionRow
 from controlplane.persistence.store import LocalStore, manifest_key
 from controlplane.persistence.store.signing import signed_blob_url, verify_blob_signature
 from controlplane.registry import (

@@ -11,7 +11,7 @@ from controlplane.auth import ANY_ROLE, Principal, new_secret
 from controlplane.http import state_of
 from controlplane.http.auth import require
 from controlplane.http.problems import errors
-from controlplane.persistence.db import TokenRow
+from controlplane.persistence.rows import TokenRow
 from controlplane.tokens import announce_revoked, new_token_row, token_info
 from weightship.errors import NotFoundError, ValidationError
 from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo

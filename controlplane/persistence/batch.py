@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 from sqlalchemy.engine import Connection, Engine
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.persistence.db import database_errors
+from controlplane.persistence.engine import database_errors
 from weightship.errors import DatabaseUnavailable
 
 __all__ = ["MAX_BATCH", "GroupCommit"]

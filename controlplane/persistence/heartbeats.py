@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection
 
-from controlplane.persistence.db import NodeRow
+from controlplane.persistence.rows import NodeRow
 
 __all__ = ["HeartbeatWrite", "store_heartbeats"]
 

@@ -9,7 +9,7 @@ so the whole upgrade runs in one transaction that first takes a lock:
 - SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock before Alembic reads its version
   table, so a second process waits (busy timeout) and then finds the schema already at head.
 
-The revisions live in ``controlplane/persistence/migrations/versions``; ``controlplane/persistence/db.py`` must match the
+The revisions live in ``controlplane/persistence/migrations/versions``; ``controlplane/persistence/rows.py`` must match the
 newest one (``tests/controlplane/test_migrations.py`` compares them on both databases).
 """
 

@@ -33,7 +33,7 @@ from fastapi import FastAPI
 
 from controlplane.app import create_app
 from controlplane.auth import hash_secret, new_secret
-from controlplane.persistence.db import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
+from controlplane.persistence.rows import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
 from controlplane.settings import Settings
 from controlplane.state import AppState
 from weightship.manifest import Manifest, build_manifest

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from controlplane.deployments import Pointer, change_pointer
-from controlplane.persistence.db import PointerEventRow
+from controlplane.persistence.rows import PointerEventRow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
 from weightship.errors import PreconditionFailed

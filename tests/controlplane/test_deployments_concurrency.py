@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.persistence.db import DeploymentRow, PointerEventRow
+from controlplane.persistence.rows import DeploymentRow, PointerEventRow
 from controlplane.state import AppState
 from weightship.schemas import Role
 

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import update
 
 from controlplane.fleet import RECHECK_SECONDS, canary_bucket, in_canary
-from controlplane.persistence.db import DeploymentRow, NodeRow, utcnow
+from controlplane.persistence.rows import DeploymentRow, NodeRow, utcnow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
 from weightship.schemas import Role

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import event, select, update
 
-from controlplane.persistence.db import NodeRow, utcnow
+from controlplane.persistence.rows import NodeRow, utcnow
 from controlplane.settings import Settings
 from controlplane.state import AppState
 from tests.controlplane.conftest import LiveControlPlane, problem

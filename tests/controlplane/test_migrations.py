@@ -21,7 +21,8 @@ from sqlalchemy.engine import Engine
 
 from controlplane.__main__ import main
 from controlplane.persistence import migrate
-from controlplane.persistence.db import Base, make_engine
+from controlplane.persistence.engine import make_engine
+from controlplane.persistence.rows import Base
 
 pytestmark = pytest.mark.timeout(120)
 

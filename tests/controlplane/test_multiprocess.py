@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.persistence.db import LabelRow, ModelRow, VersionRow, make_engine, make_sessionmaker, utcnow
+from controlplane.persistence.engine import make_engine, make_sessionmaker
+from controlplane.persistence.rows import LabelRow, ModelRow, VersionRow, utcnow
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.controlplane.conftest import fake_digest
 from tests.controlplane.test_fleet import BackgroundPoll, Headers

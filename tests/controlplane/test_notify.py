@@ -12,7 +12,8 @@ from sqlalchemy import text, update
 from controlplane import snapshot
 from controlplane.authcache import TokenCache
 from controlplane.notify import CHANNEL, DEPLOYMENTS, RESYNC, token_topic
-from controlplane.persistence.db import DeploymentRow, TokenRow, query_count
+from controlplane.persistence.engine import query_count
+from controlplane.persistence.rows import DeploymentRow, TokenRow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
 from tests.controlplane.test_fleet import (

@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from controlplane.fleet import desired_state
-from controlplane.persistence.db import DeploymentRow, query_count
+from controlplane.persistence.engine import query_count
+from controlplane.persistence.rows import DeploymentRow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
 from tests.controlplane.test_fleet import (

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from controlplane.persistence.db import UploadSessionRow
+from controlplane.persistence.rows import UploadSessionRow
 from controlplane.persistence.store import LocalStore, S3Store
 from controlplane.publish import sweep_expired_uploads
 from controlplane.settings import Settings

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from controlplane.persistence.db import ModelRow, UploadSessionRow
+from controlplane.persistence.rows import ModelRow, UploadSessionRow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
 from weightship.manifest import MAX_MANIFEST_BYTES, canonical_json

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import delete, select
 
-from controlplane.persistence.db import LabelRow, ModelRow, UploadSessionRow, VersionRow, make_engine, make_sessionmaker
+from controlplane.persistence.engine import make_engine, make_sessionmaker
+from controlplane.persistence.rows import LabelRow, ModelRow, UploadSessionRow, VersionRow
 from controlplane.persistence.store import LocalStore, S3Store, blob_key, manifest_key
 from controlplane.recovery import main as recovery_main
 from controlplane.recovery import rebuild_index

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from controlplane.persistence.db import NodeRow, utcnow
+from controlplane.persistence.rows import NodeRow, utcnow
 from controlplane.state import AppState
 from tests.controlplane.test_fleet import agent, chat, operator, register  # noqa: F401 - fixtures
 

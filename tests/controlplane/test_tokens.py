@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from controlplane.auth import hash_secret
-from controlplane.persistence.db import TokenRow
+from controlplane.persistence.rows import TokenRow
 from controlplane.state import AppState
 from controlplane.tokens import BOOTSTRAP_NAME, bootstrap_admin
 from tests.controlplane.conftest import problem

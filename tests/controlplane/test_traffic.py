@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete
 
-from controlplane.persistence.db import NodeRow, ServeSampleRow, utcnow
+from controlplane.persistence.rows import NodeRow, ServeSampleRow, utcnow
 from controlplane.state import AppState
 from controlplane.traffic import take_sample, window
 from tests.controlplane.conftest import SeedVersions

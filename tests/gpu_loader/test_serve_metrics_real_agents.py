@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.fleet import in_canary
-from controlplane.persistence.db import make_engine, make_sessionmaker
+from controlplane.persistence.engine import make_engine, make_sessionmaker
 from controlplane.rollouts.actions import MeasureMetric
 from controlplane.rollouts.providers import ProviderRegistry, RolloutContext
 from controlplane.rollouts.providers.builtin import BuiltinProvider

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.persistence.db import make_engine, make_sessionmaker
+from controlplane.persistence.engine import make_engine, make_sessionmaker
 from controlplane.rollouts.actions import MeasureMetric
 from controlplane.rollouts.providers import ProviderRegistry, RolloutContext
 from controlplane.rollouts.providers.builtin import BuiltinProvider

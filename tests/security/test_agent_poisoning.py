@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from controlplane.persistence.db import VersionRow
+from controlplane.persistence.rows import VersionRow
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.agent.fleet import Fleet

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from controlplane.persistence.db import BlobChunksRow, UploadSessionRow
+from controlplane.persistence.rows import BlobChunksRow, UploadSessionRow
 from controlplane.persistence.store import S3Store
 from controlplane.persistence.store.origin import UPLOADS
 from controlplane.settings import Settings

@@ -11,7 +11,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from controlplane.persistence.db import Base, make_engine
+from controlplane.persistence.engine import make_engine
+from controlplane.persistence.rows import Base
 from controlplane.settings import Settings
 
 target_metadata = Base.metadata

@@ -39,7 +39,8 @@ from typing import Any, Literal, get_args
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.persistence.db import database_errors, utcnow
+from controlplane.persistence.engine import database_errors
+from controlplane.persistence.rows import utcnow
 from controlplane.rollouts.actions import MeasureMetric
 from controlplane.rollouts.comparison import VersionWindow, compare
 from controlplane.rollouts.providers.base import ProviderSpecError, RolloutContext

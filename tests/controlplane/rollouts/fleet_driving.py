@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from controlplane.fleet import desired_deployment, record_heartbeat, register_node
-from controlplane.persistence.db import DeploymentRow
+from controlplane.persistence.rows import DeploymentRow
 from controlplane.rollout_driver import FleetRolloutDriver
 from controlplane.state import AppState
 from tests.controlplane.conftest import LiveControlPlane

@@ -18,7 +18,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from controlplane.persistence.db import RolloutRow, make_engine, make_sessionmaker
+from controlplane.persistence.engine import make_engine, make_sessionmaker
+from controlplane.persistence.rows import RolloutRow
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.controlplane.test_multiprocess import seed
 from weightship.testing import eventually as poll_until

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.persistence.db import utcnow
+from controlplane.persistence.rows import utcnow
 from controlplane.rollout_driver import FleetRolloutDriver, Outcome
 from controlplane.settings import Settings
 from controlplane.state import AppState

@@ -1,8 +1,8 @@
 """Initial schema: models, versions, labels, upload sessions, deployments, pointer events, tokens, nodes.
 
-A frozen snapshot of ``controlplane/persistence/db.py`` as first released: it spells out plain SQLAlchemy
-types instead of importing the models, so later edits to ``db.py`` never change what this
-revision creates. Timestamps are ``TIMESTAMP WITH TIME ZONE`` (``db.UTCDateTime``); defaults are
+A frozen snapshot of the schema (now ``controlplane/persistence/rows.py``) as first released: it spells out plain SQLAlchemy
+types instead of importing the models, so later edits to ``rows.py`` never change what this
+revision creates. Timestamps are ``TIMESTAMP WITH TIME ZONE`` (``rows.UTCDateTime``); defaults are
 applied by the application, so no server defaults are declared.
 
 Revision ID: 0001

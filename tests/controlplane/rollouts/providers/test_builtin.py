@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.persistence.db import utcnow
+from controlplane.persistence.rows import utcnow
 from controlplane.rollouts.actions import MeasureMetric
 from controlplane.rollouts.analysis import MeasurementPhase, judge_measurement
 from controlplane.rollouts.providers import ProviderRegistry, ProviderSpecError, RolloutContext
