@@ -68,6 +68,8 @@ __all__ = [
 ]
 
 SCHEMA = "weightship.manifest/v1"
+#: the OpenSSF model-signing signature beside a model directory's files (``weightship.signing``)
+SIGNATURE_FILE = "model.sig"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_FILES = 100_000
 MAX_PATH_LENGTH = 1024
@@ -425,7 +427,7 @@ def list_model_directory(root: Path) -> DirectoryListing:
                 )
         for name in filenames:
             rel = (rel_dir / name).as_posix()
-            if name.startswith("."):
+            if name.startswith(".") or rel == SIGNATURE_FILE:  # a signature is provenance, not content
                 skipped.append(rel)
                 continue
             mode = os.lstat(Path(dirpath) / name).st_mode
@@ -480,8 +482,8 @@ def build_manifest(
 ) -> Manifest:
     """Build the manifest of the model directory ``root``, reading each file once.
 
-    Hidden files and directories (names starting with '.') are not part of a version
-    (``list_model_directory`` names them).
+    Hidden files and directories (names starting with '.') and the top-level ``model.sig`` are
+    not part of a version (``list_model_directory`` names them).
     """
     check_model_name(model)
     if not is_valid_chunk_size(chunk_size):
