@@ -1,6 +1,6 @@
 """Every ``/v1`` route admits exactly the callers the API contract gives it, and nobody without a token.
 
-The contract is the route list in ``weightship/schemas.py``; ``ROLE_CONTRACT`` restates it. The
+The contract is the route list in ``weightship/schemas/__init__.py``; ``ROLE_CONTRACT`` restates it. The
 tests iterate the app's own route table, so routes added later are covered automatically: a
 ``/v1`` route missing from the contract fails ``test_every_v1_route_has_a_role_contract`` until
 someone decides who may call it.
