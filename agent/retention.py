@@ -26,20 +26,11 @@ from dataclasses import dataclass
 from agent.store import VersionStore
 from weightship.errors import DiskFullError
 from weightship.logs import event
+from weightship.sizes import format_size
 
-__all__ = ["Candidate", "Retention", "choose_eviction", "human"]
+__all__ = ["Candidate", "Retention", "choose_eviction"]
 
 log = logging.getLogger("agent.retention")
-
-
-def human(n: int) -> str:
-    """``n`` bytes as a short binary size (``12.0 MiB``)."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +153,10 @@ class Retention:
         usage = self.store.usage_bytes()
         _total, free = self.store.disk_free()
         held = sorted(d for d in protected if self.store.is_ready(d))
-        limit = f"quota {human(self.quota_bytes)}" if self.quota_bytes else "no quota"
+        limit = f"quota {format_size(self.quota_bytes)}" if self.quota_bytes else "no quota"
         return DiskFullError(
-            f"no room to fetch {digest}: it needs {human(need)} more (plus {human(others)} reserved by other "
-            f"fetches), {human(excess)} short; {limit}, {human(usage)} in use, {human(free)} free on disk; "
+            f"no room to fetch {digest}: it needs {format_size(need)} more (plus {format_size(others)} reserved by other "
+            f"fetches), {format_size(excess)} short; {limit}, {format_size(usage)} in use, {format_size(free)} free on disk; "
             f"the versions in use are all still referenced by a pointer or held by a model server on this node "
             f"({', '.join(d[:19] + '…' for d in held) or 'none'}), so nothing more can be evicted. Raise the quota (--quota), free disk space, or unreference versions; "
             "see docs/runbooks/disk-full.md. Nothing partial was marked ready."

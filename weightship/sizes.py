@@ -1,10 +1,11 @@
-"""Byte sizes written by people (``500M``, ``64MiB``, ``1.5G``): the one parser, binary units.
+"""Byte sizes for people (``500M``, ``64MiB``, ``1.5G``): the one parser and the one formatter, binary units.
 
 Every size a user writes (the CLI's ``--chunk-size``, the agent's ``--quota``, the benchmarks'
 ``--size``) goes through ``parse_size``, so ``500M`` means the same 500 MiB everywhere. Units
 are binary whatever their spelling: ``K``, ``KB`` and ``KiB`` all mean 1024 bytes, because the
 sizes here are chunk sizes and disk quotas that line up with powers of two, and one meaning
-beats a 7 % surprise between two programs.
+beats a 7 % surprise between two programs. Every size shown to people (the CLI's tables, the
+agent's disk-full message) goes through ``format_size``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 
 from weightship.errors import ValidationError
 
-__all__ = ["parse_size"]
+__all__ = ["format_size", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGTP])(?:i?B)?|B)?\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
@@ -44,3 +45,13 @@ def parse_size(text: str | int) -> int:
     if numerator % denominator:
         raise ValidationError(f"size {text!r} is not a whole number of bytes; write it in a smaller unit")
     return numerator // denominator
+
+
+def format_size(n: int | float) -> str:
+    """``n`` bytes as a short binary size: ``1536`` -> ``1.5 KiB``, ``12`` -> ``12 B``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

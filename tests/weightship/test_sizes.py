@@ -1,11 +1,11 @@
-"""The one size parser: binary units whatever the spelling, clear errors for anything else."""
+"""The one size parser and formatter: binary units whatever the spelling, clear errors for anything else."""
 
 from __future__ import annotations
 
 import pytest
 
 from weightship.errors import ValidationError
-from weightship.sizes import parse_size
+from weightship.sizes import format_size, parse_size
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -56,3 +56,12 @@ def test_the_cli_and_the_agent_read_a_size_the_same_way() -> None:
 
     config = load_config(["--control-plane", "http://cp:8080", "--quota", "500M"], {})
     assert config.quota_bytes == _parse_size("500M") == 500 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (12 * 2**20, "12.0 MiB"), (3 * 2**40, "3.0 TiB"), (2**52, "4096.0 TiB")],
+)
+def test_format_size_shows_binary_units_that_parse_back(size: int, shown: str) -> None:
+    assert format_size(size) == shown
+    assert parse_size(shown.replace(" ", "")) == size

@@ -43,6 +43,7 @@ from weightship.schemas import (
     VersionInventory,
     VersionState,
 )
+from weightship.sizes import format_size
 
 __all__ = [
     "MeanSpeedColumn",
@@ -52,7 +53,6 @@ __all__ = [
     "deployments_table",
     "describe_problem",
     "history_table",
-    "human_bytes",
     "manifest_table",
     "models_table",
     "nodes_table",
@@ -78,16 +78,6 @@ def console(*, stderr: bool = False) -> Console:
     if not out.is_terminal:
         out = Console(stderr=stderr, highlight=False, width=_UNBOUNDED_WIDTH)
     return out
-
-
-def human_bytes(n: int | float) -> str:
-    """``1536`` -> ``1.5 KiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def short_digest(digest: str | None) -> str:
@@ -134,7 +124,7 @@ def versions_table(model: str, versions: Sequence[VersionInfo]) -> Table:
         table.add_row(
             ", ".join(v.labels) or "-",
             v.digest,
-            human_bytes(v.size),
+            format_size(v.size),
             str(v.files),
             _when(v.created_at),
             _t(v.created_by),
@@ -152,7 +142,7 @@ def version_table(version: VersionInfo) -> Table:
         ("digest", version.digest),
         ("labels", ", ".join(version.labels) or "-"),
         ("state", version.state),
-        ("size", f"{human_bytes(version.size)} ({version.size} bytes)"),
+        ("size", f"{format_size(version.size)} ({version.size} bytes)"),
         ("files", str(version.files)),
         ("created", f"{_when(version.created_at)} by {version.created_by}"),
     ):
@@ -169,12 +159,12 @@ def manifest_table(manifest: Manifest) -> Table:
         "CHUNKS",
         "TENSORS",
         "SHA256",
-        title=f"files (chunk size {human_bytes(manifest.chunk_size)})",
+        title=f"files (chunk size {format_size(manifest.chunk_size)})",
         title_justify="left",
     )
     for f in manifest.files:
         tensors = str(len(f.safetensors.tensors)) if f.safetensors else "-"
-        table.add_row(_t(f.path), human_bytes(f.size), _t(f.media_type), str(len(f.chunks)), tensors, f.sha256[:12])
+        table.add_row(_t(f.path), format_size(f.size), _t(f.media_type), str(len(f.chunks)), tensors, f.sha256[:12])
     return table
 
 
@@ -293,7 +283,7 @@ def nodes_table(nodes: Sequence[NodeInfo], now: datetime | None = None) -> Table
             seen,
             serving,
             versions,
-            human_bytes(n.counters.bytes_downloaded),
+            format_size(n.counters.bytes_downloaded),
             _problems(n, now),
         )
     return table
@@ -378,7 +368,7 @@ def status_view(status: DeploymentStatus, now: datetime | None = None) -> Render
             f"[red]{v.nodes_failed}[/red]" if v.nodes_failed else "0",
             str(v.nodes_serving),
             f"[yellow]{lag}[/yellow]" if lag else "0",
-            f"{human_bytes(v.bytes_present)} / {human_bytes(v.bytes_total)}{percent}",
+            f"{format_size(v.bytes_present)} / {format_size(v.bytes_total)}{percent}",
         )
     summary = Text(f"{status.nodes} nodes, {status.stale_nodes} stale")
     if status.lagging_nodes:
@@ -387,7 +377,7 @@ def status_view(status: DeploymentStatus, now: datetime | None = None) -> Render
         summary.append("; every node serves what it should", style="green")
     if status.delivered_bytes:
         summary.append(
-            f"\norigin egress {human_bytes(status.origin_bytes)} for {human_bytes(status.delivered_bytes)} "
+            f"\norigin egress {format_size(status.origin_bytes)} for {format_size(status.delivered_bytes)} "
             f"delivered to nodes ({status.origin_bytes / status.delivered_bytes:.0%} from the origin)"
         )
     problems = [
@@ -434,12 +424,12 @@ def publish_summary(result: PublishResult) -> RenderableType:
     table.add_column(style="dim")
     rate = result.hash_bytes_per_second
     parts = f"{result.parts_uploaded} part{'' if result.parts_uploaded == 1 else 's'}"
-    table.add_row("total", human_bytes(result.bytes_total), f"{result.files} files")
-    table.add_row("uploaded", human_bytes(result.bytes_uploaded), f"{parts} in {result.upload_seconds:.2f}s")
-    table.add_row("deduplicated", human_bytes(result.bytes_deduplicated), "already in the store, not sent")
+    table.add_row("total", format_size(result.bytes_total), f"{result.files} files")
+    table.add_row("uploaded", format_size(result.bytes_uploaded), f"{parts} in {result.upload_seconds:.2f}s")
+    table.add_row("deduplicated", format_size(result.bytes_deduplicated), "already in the store, not sent")
     if result.bytes_resumed:
-        table.add_row("resumed", human_bytes(result.bytes_resumed), "uploaded by an earlier, interrupted run")
-    table.add_row("hashed", f"{result.hash_seconds:.2f}s", f"{human_bytes(rate)}/s")
+        table.add_row("resumed", format_size(result.bytes_resumed), "uploaded by an earlier, interrupted run")
+    table.add_row("hashed", f"{result.hash_seconds:.2f}s", f"{format_size(rate)}/s")
     table.add_row("committed", f"{result.commit_seconds:.2f}s", "the control plane verified every blob")
     if not result.skipped:
         return Group(head, table)
@@ -464,7 +454,7 @@ class MeanSpeedColumn(ProgressColumn):
         if rate is None:
             elapsed = task.elapsed
             rate = task.completed / elapsed if elapsed else None
-        return Text(f"{human_bytes(rate)}/s" if rate is not None else "?", style="progress.data.speed")
+        return Text(f"{format_size(rate)}/s" if rate is not None else "?", style="progress.data.speed")
 
 
 class RichPublishProgress:
