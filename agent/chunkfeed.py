@@ -19,6 +19,7 @@ verified so far, those it already read included; it skips those).
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -27,10 +28,12 @@ from agent.store import VersionStore
 from weightship.chunkfeed import LocalChunk, LocalChunkPage
 from weightship.schemas import LocalVersion, LocalVersionState
 
-__all__ = ["MAX_PAGE", "ChunkFeeds"]
+__all__ = ["MAX_PAGE", "STREAMING_SECONDS", "ChunkFeeds"]
 
 #: most chunks listed in one answer (the reader asks again at once for the rest)
 MAX_PAGE = 4096
+#: a version counts as streamed this long after a reader last asked for its chunks
+STREAMING_SECONDS = 60.0
 
 
 @dataclass
@@ -60,12 +63,20 @@ class ChunkFeeds:
         self.stagings = stagings
         self.store = store
         self._feeds: dict[str, _Feed] = {}
+        self._asked: dict[str, float] = {}
+
+    def streaming(self, digest: str) -> bool:
+        """Whether a local reader follows ``digest``'s feed (the fetcher then fetches in file order)."""
+        asked = self._asked.get(digest)
+        return asked is not None and time.monotonic() - asked < STREAMING_SECONDS
 
     def page(self, digest: str, after: int, token: str, described: LocalVersion) -> LocalChunkPage:
         """What a reader at cursor ``after`` of feed ``token`` may read now (possibly nothing new)."""
+        self._asked[digest] = time.monotonic()
         manifest = self.store.ready().get(digest)
         if manifest is not None:
             self._feeds.pop(digest, None)
+            self._asked.pop(digest, None)
             total = sum(len(f.chunks) for f in manifest.files)
             return LocalChunkPage(
                 digest=digest, state=LocalVersionState.ready, complete=True, chunks_total=total,

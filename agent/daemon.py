@@ -155,6 +155,8 @@ class Agent:
             on_placed=self.serving.poke,
         )
         self.assembler = assembler
+        self.chunk_feeds = ChunkFeeds(assembler.staging, self.store)
+        fetcher.streamed = self.chunk_feeds.streaming
         self.retention.on_evicted = self._evicted(assembler)
         self.switch_hooks = SwitchHooks(
             {h.deployment: h for h in config.switch_hooks},
@@ -363,7 +365,7 @@ class Agent:
             versions=self.reconciler if cfg.role != "cache" else None,
             on_pinned=self._pinned,
             metrics=self.metrics_text,
-            chunks=ChunkFeeds(self.assembler.staging, self.store) if cfg.role != "cache" else None,
+            chunks=self.chunk_feeds if cfg.role != "cache" else None,
         )
         self.local_api_url = await api.start(cfg.local_api)
         metrics = MetricsServer(self.metrics_text) if cfg.metrics_listen else None

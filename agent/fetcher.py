@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import mmap
 import os
@@ -107,6 +108,9 @@ class Fetcher:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self._url_cache: dict[str, BlobURL] = {}
+        #: whether a local model server is loading this version while it is fetched (``agent.chunkfeed``):
+        #: then the chunks it needs first come first, as far as the swarm allows (``_Pool``)
+        self.streamed: Callable[[str], bool] = lambda _digest: False
 
     async def fetch(
         self,
@@ -157,6 +161,8 @@ class Fetcher:
             self._ranker(staging),
             self.sources.wait_limit if self.sources is not None else 0.0,
             self.sources.availability_ttl if self.sources is not None else 0.25,
+            in_order=functools.partial(self.streamed, staging.manifest.digest),
+            window=max(4, 2 * slots),
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -434,11 +440,27 @@ class _Pool:
     tracker), waits while every pending job is deferred, and returns ``None`` once every job was
     taken and none can come back (no job in flight). A job deferred for ``wait_limit`` seconds in
     all may not be deferred again: it goes up the tiers.
+
+    While ``in_order()`` (a local server streams the version), the next job comes from the first
+    ``window`` pending jobs in file order, rarest first among them: the loader gets the first layers
+    first, and the swarm still spreads rare chunks. Without a streaming reader the order is
+    untouched, so fleet fan-out (``bench/fanout.py``) keeps its rarest-first order.
     """
 
-    def __init__(self, jobs: list[ChunkJob], rank: Ranker | None, wait_limit: float, recheck: float = 0.25) -> None:
+    def __init__(
+        self,
+        jobs: list[ChunkJob],
+        rank: Ranker | None,
+        wait_limit: float,
+        recheck: float = 0.25,
+        *,
+        in_order: Callable[[], bool] = lambda: False,
+        window: int = 8,
+    ) -> None:
         self.pending = list(jobs)
         self.rank = rank
+        self.in_order = in_order
+        self.window = window
         self.wait_limit = wait_limit
         self.recheck = recheck
         self._later: list[tuple[float, ChunkJob]] = []
@@ -456,7 +478,7 @@ class _Pool:
                 self.pending.extend(due)
             wake = min((at for at, _job in self._later), default=now + 60.0)
             if self.pending:
-                if self.rank is None or await self.rank(self.pending):
+                if await self._rank():
                     self._inflight += 1
                     return self.pending.pop(0)
                 # Nothing we lack is anywhere to be had yet (the caches' grants are all taken): ask
@@ -467,6 +489,16 @@ class _Pool:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), max(0.0, wake - now))
+
+    async def _rank(self) -> bool:
+        """Put the best pending job first; whether it can be had now."""
+        if not self.in_order():
+            return self.rank is None or await self.rank(self.pending)
+        self.pending.sort(key=_file_order)
+        head = self.pending[: self.window]
+        ready = self.rank is None or await self.rank(head)
+        self.pending[: len(head)] = head
+        return ready
 
     def may_defer(self, job: ChunkJob) -> bool:
         """Whether ``job`` may still be put back (it has not waited ``wait_limit`` in all)."""
@@ -485,6 +517,11 @@ class _Pool:
         """A taken job finished (placed or failed for good)."""
         self._inflight -= 1
         self._changed.set()
+
+
+def _file_order(job: ChunkJob) -> tuple[int, int]:
+    first = job.placements[0]
+    return first.file, first.chunk
 
 
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
