@@ -19,7 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from weightship.schemas import SERVE_LATENCY_BOUNDS, NodeServeMetrics, ServeCounters, ServeReport, VersionServeMetrics
+from weightship.schemas import (
+    SERVE_COUNTERS,
+    SERVE_LATENCY_BOUNDS,
+    NodeServeMetrics,
+    ServeCounters,
+    ServeReport,
+    VersionServeMetrics,
+    counters_reset,
+)
 
 __all__ = ["LIVE_SECONDS", "MAX_INSTANCES", "MAX_VERSIONS", "ServeMetricsBook"]
 
@@ -29,7 +37,6 @@ MAX_INSTANCES = 64
 MAX_VERSIONS = 32
 
 _Key = tuple[str, str]  # (deployment, digest)
-_FIELDS = ("requests", "errors", "load_failures", "validations_passed", "validations_failed")
 
 
 @dataclass
@@ -49,14 +56,6 @@ class _Instance:
     deployment: str
     seen: float
     last: dict[str, ServeCounters] = field(default_factory=dict)
-
-
-def _went_down(before: ServeCounters, now: ServeCounters) -> bool:
-    if any(getattr(now, name) < getattr(before, name) for name in _FIELDS):
-        return True
-    return bool(before.latency_le) and (
-        not now.latency_le or any(b < a for a, b in zip(before.latency_le, now.latency_le, strict=True))
-    )
 
 
 class ServeMetricsBook:
@@ -80,7 +79,7 @@ class ServeMetricsBook:
             del self._instances[next(iter(self._instances))]
         for counters in report.versions:
             before = instance.last.get(counters.digest)
-            base = ServeCounters(digest=counters.digest) if before is None or _went_down(before, counters) else before
+            base = ServeCounters(digest=counters.digest) if before is None or counters_reset(before, counters) else before
             self._add((report.deployment, counters.digest), base, counters)
             instance.last[counters.digest] = counters
 
@@ -89,7 +88,7 @@ class ServeMetricsBook:
         self._sums[key] = total  # most recently updated last
         while len(self._sums) > MAX_VERSIONS:
             del self._sums[next(iter(self._sums))]
-        for name in _FIELDS:
+        for name in SERVE_COUNTERS:
             setattr(total, name, getattr(total, name) + getattr(now, name) - getattr(base, name))
         if now.latency_le:
             previous = base.latency_le or [0] * len(now.latency_le)

@@ -34,7 +34,7 @@ from controlplane.persistence.engine import database_errors
 from controlplane.persistence.rows import NodeRow, ServeSampleRow, utcnow
 from weightship.errors import TemporaryError
 from weightship.logs import event
-from weightship.schemas import SERVE_LATENCY_BOUNDS, NodeServeMetrics
+from weightship.schemas import SERVE_COUNTERS, SERVE_LATENCY_BOUNDS, NodeServeMetrics, counters_reset
 
 __all__ = [
     "FleetSample",
@@ -51,7 +51,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, str]  # (deployment, digest)
-_COUNTERS = ("requests", "errors", "load_failures", "validations_passed", "validations_failed")
 
 
 @dataclass(frozen=True)
@@ -68,23 +67,18 @@ class Totals:
 
     @classmethod
     def of(cls, counts: Iterable[int], latency_le: tuple[int, ...]) -> Totals:
-        """Totals from the five counters in ``_COUNTERS`` order and a histogram."""
-        values = dict(zip(_COUNTERS, (int(c) for c in counts), strict=True))
+        """Totals from the five counters in ``SERVE_COUNTERS`` order and a histogram."""
+        values = dict(zip(SERVE_COUNTERS, (int(c) for c in counts), strict=True))
         return cls(**values, latency_le=latency_le)
 
     def since(self, base: Totals | None) -> Totals:
         """What grew from ``base`` to this; all of it when ``base`` is None or any counter went down (a reset)."""
-        if base is None or any(getattr(self, n) < getattr(base, n) for n in _COUNTERS):
-            return self
-        if base.latency_le and (
-            len(base.latency_le) != len(self.latency_le)
-            or any(b < a for a, b in zip(base.latency_le, self.latency_le, strict=True))
-        ):
+        if base is None or counters_reset(base, self):
             return self
         le = self.latency_le
         if base.latency_le:
             le = tuple(b - a for a, b in zip(base.latency_le, self.latency_le, strict=True))
-        return Totals.of((getattr(self, n) - getattr(base, n) for n in _COUNTERS), le)
+        return Totals.of((getattr(self, n) - getattr(base, n) for n in SERVE_COUNTERS), le)
 
     def plus(self, other: Totals) -> Totals:
         """The sum of two nodes' figures."""
@@ -92,7 +86,7 @@ class Totals:
             le = self.latency_le or other.latency_le
         else:
             le = tuple(a + b for a, b in zip(self.latency_le, other.latency_le, strict=True))
-        return Totals.of((getattr(self, n) + getattr(other, n) for n in _COUNTERS), le)
+        return Totals.of((getattr(self, n) + getattr(other, n) for n in SERVE_COUNTERS), le)
 
     def latency_buckets(self) -> tuple[tuple[float, int], ...]:
         """``(upper bound, cumulative count)`` pairs ending with ``+inf``; empty when nothing was observed."""
@@ -102,7 +96,7 @@ class Totals:
 
     def encode(self, key: _Key) -> list[Any]:
         """The compact JSON row of a sample."""
-        return [*key, *(getattr(self, n) for n in _COUNTERS), list(self.latency_le)]
+        return [*key, *(getattr(self, n) for n in SERVE_COUNTERS), list(self.latency_le)]
 
     @classmethod
     def decode(cls, row: list[Any]) -> tuple[_Key, Totals]:
@@ -150,7 +144,7 @@ def _node_sample(report: dict[str, Any]) -> NodeSample | None:
     queued: dict[_Key, int] = {}
     for v in serve.versions:
         key = (v.deployment, v.digest)
-        counters[key] = Totals.of((getattr(v, n) for n in _COUNTERS), tuple(v.latency_le))
+        counters[key] = Totals.of((getattr(v, n) for n in SERVE_COUNTERS), tuple(v.latency_le))
         queued[key] = v.queue_depth
     return NodeSample(serve.since.isoformat(), counters, queued)
 

@@ -153,11 +153,13 @@ from weightship.schemas.rollouts import (
     VersionLoads,
 )
 from weightship.schemas.serving import (
+    SERVE_COUNTERS,
     SERVE_LATENCY_BOUNDS,
     NodeServeMetrics,
     ServeCounters,
     ServeReport,
     VersionServeMetrics,
+    counters_reset,
 )
 from weightship.schemas.tickets import (
     TicketGrant,
@@ -180,6 +182,7 @@ from weightship.schemas.tracker import (
 
 __all__ = [
     "INT64_MAX",
+    "SERVE_COUNTERS",
     "SERVE_LATENCY_BOUNDS",
     "BlobURL",
     "BlobURLRequest",
@@ -260,4 +263,5 @@ __all__ = [
     "VersionState",
     "VersionStatus",
     "WarmPool",
+    "counters_reset",
 ]

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Protocol
 
 from pydantic import Field, model_validator
 
 from weightship.schemas.base import Count, Digest, Measure, Name, Schema
 
 __all__ = [
+    "SERVE_COUNTERS",
     "SERVE_LATENCY_BOUNDS",
     "NodeServeMetrics",
     "ServeCounters",
     "ServeReport",
     "VersionServeMetrics",
+    "counters_reset",
 ]
+
+#: the cumulative counters of ``ServeCounters``, in the order readers encode them (queue depth is a gauge)
+SERVE_COUNTERS = ("requests", "errors", "load_failures", "validations_passed", "validations_failed")
 
 #: upper bounds (seconds) of the model servers' latency histogram buckets; a last, implicit +Inf follows
 SERVE_LATENCY_BOUNDS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -78,3 +85,32 @@ class NodeServeMetrics(Schema):
 
     since: datetime
     versions: list[VersionServeMetrics] = Field(default_factory=list, max_length=32)
+
+
+class Counted(Protocol):
+    """Anything holding the cumulative serve counters: ``ServeCounters``, a reader's own totals."""
+
+    @property
+    def requests(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def load_failures(self) -> int: ...
+    @property
+    def validations_passed(self) -> int: ...
+    @property
+    def validations_failed(self) -> int: ...
+    @property
+    def latency_le(self) -> Sequence[int]: ...
+
+
+def counters_reset(before: Counted, now: Counted) -> bool:
+    """Whether ``now``'s counters restarted since ``before``: a counter or histogram bucket went down, or the histogram went.
+
+    Counters only grow while their counter lives, so a lower value means a restart from 0: the
+    reader takes ``now`` whole instead of a (negative) difference.
+    """
+    if any(getattr(now, name) < getattr(before, name) for name in SERVE_COUNTERS):
+        return True
+    old, new = before.latency_le, now.latency_le
+    return bool(old) and (len(old) != len(new) or any(b < a for a, b in zip(old, new, strict=True)))
