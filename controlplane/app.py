@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from controlplane import tokens
     from controlplane.http import deployments, fleet, publish, registry, rollouts
     from controlplane.http import preheats as preheat_routes
+    from controlplane.http import signatures as signature_routes
     from controlplane.http import tickets as ticket_routes
     from controlplane.http import tokens as token_routes
     from controlplane.persistence import migrate
@@ -135,7 +136,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body = await run_in_threadpool(generate_latest, state.metrics_registry)  # the fleet gauges query the database
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    for module in (publish, registry, deployments, fleet, token_routes, ticket_routes, rollouts, preheat_routes):
+    for module in (
+        publish, registry, signature_routes, deployments, fleet, token_routes, ticket_routes, rollouts, preheat_routes
+    ):
         problems.document(module.router)
         app.include_router(module.router)
     return app

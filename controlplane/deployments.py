@@ -41,6 +41,7 @@ from controlplane.notify import DEPLOYMENTS
 from controlplane.persistence.engine import database_errors
 from controlplane.persistence.rows import DeploymentRow, ModelRow, PointerEventRow, VersionRow, utcnow
 from controlplane.registry import resolve_version
+from controlplane.signatures import check_serving
 from controlplane.staging import check_selector
 from controlplane.state import AppState
 from weightship.errors import (
@@ -220,8 +221,10 @@ def change_pointer(
     """Compare-and-swap the pointer of ``name`` from epoch ``expected`` (holding ``before``) to ``after``.
 
     Writes the audit row in the same transaction; raises ``PreconditionFailed`` when the epoch
-    moved. Blocking: call from a worker thread, then ``await notify_pointer_changed(state)``.
+    moved, ``SignatureRefused`` when a version it brings in fails the signing policy. Blocking:
+    call from a worker thread, then ``await notify_pointer_changed(state)``.
     """
+    check_serving(state, model, {after.stable, after.canary} - {before.stable, before.canary})
     now = utcnow()
     won = False
     current: int | None = None

@@ -29,6 +29,7 @@ from controlplane.deployments import load_deployment, resolve_ready, to_schema
 from controlplane.notify import STAGING
 from controlplane.persistence.engine import database_errors
 from controlplane.persistence.rows import NodeRow, PreheatRow, utcnow
+from controlplane.signatures import check_serving
 from controlplane.staging import STAGING_ROLE, check_selector, matches
 from controlplane.state import AppState
 from weightship.errors import ConflictError, NotFoundError
@@ -82,6 +83,7 @@ def create_preheat(state: AppState, deployment: str, body: PreheatCreate, actor:
     with database_errors(f"preheating {deployment!r}"), state.sessions() as session, session.begin():
         row = load_deployment(session, deployment)
         digest = resolve_ready(session, row.model, body.version)
+        check_serving(state, row.model, [digest])  # staging what nodes would refuse only burns bandwidth
         standing = session.scalars(
             select(PreheatRow).where(PreheatRow.deployment == deployment, PreheatRow.digest == digest)
         ).all()

@@ -52,7 +52,7 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
@@ -74,6 +74,7 @@ from controlplane.registry import (
     record_version,
     version_info,
 )
+from controlplane.signatures import add_signatures
 from controlplane.state import AppState
 from weightship.digests import sha256_hex
 from weightship.errors import (
@@ -504,8 +505,15 @@ def _stop_verifying(state: AppState, row: UploadSessionRow) -> None:
         session.commit()
 
 
-def commit_session(state: AppState, principal: Principal, upload_id: str) -> VersionInfo:
-    """Verify and publish every blob, write manifest and labels, then record the version as ready."""
+def commit_session(
+    state: AppState, principal: Principal, upload_id: str, signatures: Sequence[bytes] = ()
+) -> VersionInfo:
+    """Verify and publish every blob, write manifest and labels, then record the version as ready.
+
+    ``signatures`` (model-signing bundles) are checked against the signing policy first and stored
+    write-once beside the manifest (``controlplane.signatures``); a model whose policy requires a
+    signature is refused unsigned before any byte is verified.
+    """
     store: OriginStore = state.store
     now = state.clock()
     row = _load(state, upload_id)
@@ -519,6 +527,7 @@ def commit_session(state: AppState, principal: Principal, upload_id: str) -> Ver
     with database_errors("checking labels"), state.sessions() as session:
         check_labels_free(session, row.model, row.digest, labels)
     manifest = _manifest(row.manifest, row.digest)
+    add_signatures(state, manifest, signatures)
     _start_verifying(state, row, now)
     try:
         known = known_chunk_lists(state, [e.sha256 for e in manifest.blobs()], manifest.chunk_size)

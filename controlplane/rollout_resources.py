@@ -38,6 +38,7 @@ from controlplane.rollouts import verbs
 from controlplane.rollouts.spec import AnalysisStep, PauseStep, PrefetchStep, RolloutSpec, RolloutSpecError, parse_spec
 from controlplane.rollouts.status import RolloutStatus, StatusError
 from controlplane.rollouts.steps import describe
+from controlplane.signatures import check_serving
 from controlplane.state import AppState
 from weightship.errors import ConflictError, ForbiddenError, NotFoundError, WeightshipError
 from weightship.logs import event
@@ -127,6 +128,7 @@ def create_rollout(
         if not isinstance(ref, str) or not ref:
             raise RolloutSpecInvalid("version: required: a label or sha256: digest of a ready version to roll out")
         raw["version"] = resolve_ready(session, row.model, ref)
+        check_serving(state, row.model, [raw["version"]])  # refused before any step moves the pointer
         try:
             spec = parse_spec(raw)
             check(spec)

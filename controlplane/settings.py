@@ -56,6 +56,8 @@ class Settings:
     #: ``publisher``, ``admin``; a mounted Secret's keys): each file's token is stored hashed at
     #: start-up as ``bootstrap-<role>`` (``controlplane.tokens.bootstrap_tokens``). Empty: none.
     bootstrap_tokens_dir: str = field(default_factory=lambda: _env("WEIGHTSHIP_BOOTSTRAP_TOKENS_DIR", ""))
+    #: signing policy file (``weightship.signing_policy``), checked at publish and pointer moves; empty: none
+    signing_policy_file: str = field(default_factory=lambda: _env("WEIGHTSHIP_SIGNING_POLICY", ""))
     #: key for signing blob URLs the control plane serves itself (local store)
     url_signing_key: str = field(default_factory=lambda: _env("WEIGHTSHIP_URL_SIGNING_KEY", secrets.token_hex(32)))
     #: base URL at which agents and clients reach this control plane; ``serve`` derives it from the

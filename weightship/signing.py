@@ -36,6 +36,7 @@ from cryptography import exceptions, x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pydantic import BaseModel, ConfigDict, Field
 
 from weightship.errors import IntegrityError, ValidationError
 from weightship.manifest import SIGNATURE_FILE, Manifest
@@ -47,7 +48,9 @@ __all__ = [
     "SIGNATURE_FILE",
     "Bundle",
     "SignatureRefused",
+    "SignatureUpload",
     "Verdict",
+    "VersionSignatures",
     "check_version",
     "parse_bundle",
     "require_version",
@@ -70,6 +73,21 @@ class SignatureRefused(IntegrityError):
     """A version's signatures do not satisfy the policy for its model."""
 
     code = "signature_refused"
+
+
+class SignatureUpload(BaseModel):
+    """Signatures sent with a publish commit or added to a version later (each a ``model.sig``'s text)."""
+
+    model_config = ConfigDict(extra="forbid")
+    signatures: list[str] = Field(default_factory=list, max_length=16)
+
+
+class VersionSignatures(BaseModel):
+    """Every signature a version holds, as stored (oldest first); nodes check them against their own policy."""
+
+    model: str
+    digest: str
+    signatures: list[str]
 
 
 def _pae(payload: bytes) -> bytes:

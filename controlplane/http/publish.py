@@ -26,6 +26,7 @@ from weightship.errors import (
 )
 from weightship.manifest import MAX_MANIFEST_BYTES
 from weightship.schemas import Role, UploadCreate, UploadSession, VersionInfo
+from weightship.signing import SignatureUpload
 
 __all__ = ["router"]
 
@@ -120,9 +121,15 @@ async def put_part(
 
 
 @router.post("/{upload_id}/commit", response_model=VersionInfo, responses=errors(400, 404, 409, 422, 502))
-def commit_upload(upload_id: str, request: Request, principal: Principal = Depends(_PUBLISHER)) -> VersionInfo:
-    """Verify every blob and make the version ready (see the module docstring)."""
-    return commit_session(state_of(request), principal, upload_id)
+def commit_upload(
+    upload_id: str,
+    request: Request,
+    body: SignatureUpload | None = None,
+    principal: Principal = Depends(_PUBLISHER),
+) -> VersionInfo:
+    """Verify every blob and make the version ready (see the module docstring); ``signatures`` go with it."""
+    signatures = [s.encode("utf-8") for s in body.signatures] if body is not None else []
+    return commit_session(state_of(request), principal, upload_id, signatures)
 
 
 @router.delete("/{upload_id}", status_code=204, response_class=Response, responses=errors(404, 409, 502))

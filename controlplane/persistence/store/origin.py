@@ -38,6 +38,7 @@ __all__ = [
     "LABELS",
     "MANIFESTS",
     "PROVENANCE",
+    "SIGNATURES",
     "UPLOADS",
     "BlobStat",
     "OriginStore",
@@ -57,10 +58,13 @@ MANIFESTS = "manifests/sha256/"
 PROVENANCE = "provenance/sha256/"
 LABELS = "labels/"
 UPLOADS = "uploads/sha256/"
+#: ``signatures/sha256/<version hex>/<sha256 of the bundle>``: a version's signatures, write-once, append-only
+SIGNATURES = "signatures/sha256/"
 
 _KEY = re.compile(
     r"^(?:(?:blobs|manifests|provenance)/sha256/[0-9a-f]{64}"
     r"|uploads/sha256/[0-9a-f]{64}/[0-9a-f]{32}"
+    r"|signatures/sha256/[0-9a-f]{64}/[0-9a-f]{64}"
     r"|labels/[a-z0-9][a-z0-9._-]{0,127}/[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
 )
 
@@ -88,7 +92,9 @@ def label_key(model: str, label: str) -> str:
 def check_key(key: str) -> str:
     """``key`` if it is one of the layout's keys; anything else (``..``, odd names) is refused."""
     if not _KEY.match(key):
-        raise ValidationError(f"{key!r} is not an origin-store key (blobs/, manifests/, provenance/ or labels/)")
+        raise ValidationError(
+            f"{key!r} is not an origin-store key (blobs/, manifests/, provenance/, signatures/ or labels/)"
+        )
     return key
 
 
