@@ -40,8 +40,10 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import gc
 import itertools
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -50,8 +52,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +148,7 @@ def start_server(database_url: str, workdir: Path) -> Server:
     port = free_port()
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
         "WEIGHTSHIP_DATABASE_URL": database_url,
         "WEIGHTSHIP_STORE": f"local:{workdir / 'origin'}",
         "WEIGHTSHIP_ADMIN_TOKEN": ADMIN_TOKEN,
@@ -232,10 +235,6 @@ class Fleet:
     nodes: list[str] = field(default_factory=list)
     #: each node's own node token, from its enrolment
     tokens: dict[str, str] = field(default_factory=dict)
-    #: epoch each node's latest desired-state answer named, and when it arrived
-    epoch: dict[str, int] = field(default_factory=dict)
-    seen_at: dict[str, float] = field(default_factory=dict)
-    polls: list[asyncio.Task[None]] = field(default_factory=list)
     bodies: dict[str, bytes] = field(default_factory=dict)
     changed: dict[str, bytes] = field(default_factory=dict)
 
@@ -300,16 +299,16 @@ async def register_all(fleet: Fleet, count: int) -> None:
 
 
 POLL_AFTER = re.compile(rb"(?i)\r\npoll-after: *([0-9.]+)")
+Seen = Callable[[str, int], None]
 
 
-async def poll_forever(fleet: Fleet, node_id: str, started: asyncio.Semaphore) -> None:
+async def poll_forever(port: int, node_id: str, token: str, started: asyncio.Semaphore, seen: Seen) -> None:
     """One agent's desired-state loop: a plain read, then long-polls on its revision (after ``Poll-After``)."""
-    conn = Conn(fleet.port, fleet.tokens[node_id])
+    conn = Conn(port, token)
     async with started:
         state = await json_request(conn, "GET", f"/v1/nodes/{node_id}/desired")
     while True:
-        fleet.epoch[node_id] = state["deployments"][0]["epoch"]
-        fleet.seen_at[node_id] = time.monotonic()
+        seen(node_id, state["deployments"][0]["epoch"])
         path = f"/v1/nodes/{node_id}/desired?after={state['revision']}&wait={POLL_WAIT}"
         status, headers, payload = await conn.request("GET", path)
         if status >= 300:
@@ -317,9 +316,74 @@ async def poll_forever(fleet: Fleet, node_id: str, started: asyncio.Semaphore) -
         state = json.loads(payload)
         delay = POLL_AFTER.search(headers)
         if delay is not None:
-            fleet.epoch[node_id] = state["deployments"][0]["epoch"]
-            fleet.seen_at[node_id] = time.monotonic()
+            seen(node_id, state["deployments"][0]["epoch"])
             await asyncio.sleep(float(delay.group(1)))
+
+
+def poll_fleet(port: int, tokens: dict[str, str], pipe: Connection) -> None:
+    """Every simulated node's long-poll loop, in a process of its own (``Pollers``).
+
+    Sends ``(epoch, when)`` down ``pipe`` once every node has had an answer naming ``epoch``.
+    """
+    gc.disable()  # no collection pauses in the load generator: its cycles are few, its life short
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    asyncio.run(_poll_fleet(port, tokens, pipe))
+
+
+async def _poll_fleet(port: int, tokens: dict[str, str], pipe: Connection) -> None:
+    epochs: dict[str, int] = {}
+    count = collections.Counter[int]()
+
+    def seen(node_id: str, epoch: int) -> None:
+        before = epochs.get(node_id)
+        if before is not None and before >= epoch:
+            return
+        epochs[node_id] = epoch
+        if before is not None:
+            count[before] -= 1
+        count[epoch] += 1
+        if count[epoch] == len(tokens):
+            pipe.send((epoch, time.monotonic()))
+
+    started = asyncio.Semaphore(64)
+    await asyncio.gather(*(poll_forever(port, n, t, started, seen) for n, t in tokens.items()))
+
+
+class Pollers:
+    """The fleet's long-polls, run by another process so that the wave they answer does not stall the
+    heartbeat generator's loop (a real fleet's polls run on 5,000 machines, not beside the heartbeats)."""
+
+    def __init__(self, port: int, tokens: dict[str, str]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe(duplex=False)
+        self._process = context.Process(target=poll_fleet, args=(port, tokens, child), daemon=True)
+        self._process.start()
+        child.close()
+        self._reached: dict[int, float] = {}
+
+    async def all_at(self, epoch: int, within: float) -> float:
+        """When every node had an answer naming ``epoch`` (monotonic clock), or inf after ``within`` s."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            while self._pipe.poll():
+                reached, when = self._pipe.recv()
+                self._reached[reached] = when
+            if not self._process.is_alive():
+                raise RuntimeError(f"the long-poll process exited with {self._process.exitcode}")
+            found = [when for reached, when in self._reached.items() if reached >= epoch]
+            if found:
+                return min(found)
+            await asyncio.sleep(0.01)
+        return float("inf")
+
+    def stop(self) -> None:
+        """End the process."""
+        self._process.terminate()
+        self._process.join(timeout=10)
+        self._pipe.close()
 
 
 async def metric(port: int, name: str) -> float:
@@ -429,17 +493,11 @@ async def set_stable(admin: Conn, label: str) -> Any:
     )
 
 
-async def notify_all(fleet: Fleet, admin: Conn, label: str, within: float = 60.0) -> float:
+async def notify_all(pollers: Pollers, admin: Conn, label: str, within: float = 60.0) -> float:
     """Move ``chat`` to ``label``; seconds until every node's answer named the new epoch."""
     written = time.monotonic()
     new = await set_stable(admin, label)
-    while True:
-        behind = [n for n in fleet.nodes if fleet.epoch.get(n, 0) < new["epoch"]]
-        if not behind:
-            return max(fleet.seen_at[n] for n in fleet.nodes) - written
-        if time.monotonic() - written > within:
-            return float("inf")
-        await asyncio.sleep(0.01)
+    return await pollers.all_at(new["epoch"], within) - written
 
 
 @dataclass
@@ -460,23 +518,28 @@ class Wave:
         return 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("inf")
 
 
-async def wave(fleet: Fleet, admin: Conn, server: Server, rate: float, label: str, args: argparse.Namespace) -> Wave:
+async def wave(
+    fleet: Fleet, pollers: Pollers, admin: Conn, server: Server, rate: float, label: str, args: argparse.Namespace
+) -> Wave:
     """Heartbeats at ``rate`` for ``--wave-seconds`` from a pointer change to ``label`` on."""
     deadline = time.monotonic() + 120
     while await metric(server.port, "weightship_desired_long_polls") < len(fleet.nodes):
         if time.monotonic() > deadline:
             raise RuntimeError("the long-polls did not all park again within 120 s")
         await asyncio.sleep(0.5)
+    log(f"  wave at {rate:.0f}/s starts at {time.time():.1f} (load average {os.getloadavg()[0]:.2f})")
     cpu0, t0 = server.cpu_seconds(), time.monotonic()
     slow: list[float] = []
     beating = asyncio.create_task(heartbeats(fleet, rate, args.wave_seconds, args.changed_share, slow=slow))
     try:
-        notified = await notify_all(fleet, admin, label)
+        notified = await notify_all(pollers, admin, label)
         latencies, errors = await beating
     finally:
         beating.cancel()
     cpu = (server.cpu_seconds() - cpu0) / (time.monotonic() - t0)
     by_second = collections.Counter(int(t) for t in slow)
+    early = collections.Counter(round(t, 1) for t in slow if t < 3)
+    log(f"  of which in the first 3 s, by 100 ms: {dict(sorted(early.items()))}")
     log(f"  heartbeats over {P99_LIMIT_MS:.0f} ms by second of the wave: {dict(sorted(by_second.items()))}")
     return Wave(rate, latencies, errors, notified, cpu)
 
@@ -494,8 +557,7 @@ async def measure(database_url: str, args: argparse.Namespace, workdir: Path) ->
         began = time.monotonic()
         await register_all(fleet, args.nodes)
         log(f"registered {args.nodes} nodes in {time.monotonic() - began:.1f}s")
-        started = asyncio.Semaphore(64)
-        fleet.polls = [asyncio.create_task(poll_forever(fleet, n, started)) for n in fleet.nodes]
+        pollers = Pollers(server.port, fleet.tokens)
         deadline = time.monotonic() + 300
         while await metric(server.port, "weightship_desired_long_polls") < args.nodes:
             if time.monotonic() > deadline:
@@ -510,7 +572,7 @@ async def measure(database_url: str, args: argparse.Namespace, workdir: Path) ->
         idle_cpu = (server.cpu_seconds() - cpu_before) / args.idle_seconds
         log(f"idle: {idle_qps:.2f} queries/s, {idle_cpu:.3f} of a core with {args.nodes} long-polls parked")
 
-        notify_idle = await notify_all(fleet, admin, "v2")
+        notify_idle = await notify_all(pollers, admin, "v2")
         log(f"pointer write -> all {args.nodes} answered: {notify_idle:.2f}s (idle)")
 
         steps: list[Step] = []
@@ -537,7 +599,7 @@ async def measure(database_url: str, args: argparse.Namespace, workdir: Path) ->
         waves: list[Wave] = []
         labels = itertools.cycle(("v3", "v2"))
         for rate in args.wave_rates:
-            result = await wave(fleet, admin, server, rate, next(labels), args)
+            result = await wave(fleet, pollers, admin, server, rate, next(labels), args)
             waves.append(result)
             log(
                 f"wave at {rate:.0f} heartbeats/s: p99 {result.p99_ms:.1f} ms, errors {result.errors}, "
@@ -547,9 +609,7 @@ async def measure(database_url: str, args: argparse.Namespace, workdir: Path) ->
                 break  # the rates only go up from here
         held = [w for w in waves if w.p99_ms <= P99_LIMIT_MS and w.errors == 0]
         chosen = max(held, key=lambda w: w.rate) if held else waves[0]
-        for task in fleet.polls:
-            task.cancel()
-        await asyncio.gather(*fleet.polls, return_exceptions=True)
+        pollers.stop()
         admin.close()
         return {
             "heartbeats_per_s": chosen.rate if held else 0.0,
@@ -619,6 +679,7 @@ def main() -> None:
     parser.add_argument("--changed-share", type=float, default=0.2)
     args = parser.parse_args()
     cpu0, wall0 = time.process_time(), time.monotonic()
+    gc.disable()  # no collection pauses in the load generator: its cycles are few, its life short
     try:  # the load generator on uvloop too, when there: less of its own CPU per heartbeat
         import uvloop
 
@@ -628,6 +689,7 @@ def main() -> None:
     results = asyncio.run(run(args))
     results["loadgen_cpu_share"] = round((time.process_time() - cpu0) / (time.monotonic() - wall0), 3)
     results["cores"] = os.cpu_count()
+    results["load_average_after"] = round(os.getloadavg()[0], 2)
     results["nodes"] = args.nodes
     results["http_stack"] = _http_stack()
     for database in args.databases:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import ipaddress
 import logging
 import os
@@ -187,22 +186,11 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-#: young-generation collections run every this many allocations (CPython's default: 700)
-GC_YOUNG_THRESHOLD = 10_000
-
-
 def _tune_gc() -> None:
-    """Keep garbage-collection pauses out of request latency.
+    """Keep garbage-collection pauses out of request latency (``controlplane.heap``)."""
+    from controlplane import heap
 
-    Everything imported and built so far (FastAPI, pydantic and SQLAlchemy internals: hundreds of
-    thousands of objects) lives as long as the process: frozen, full collections no longer walk
-    it. Thousands of parked long-polls are still walked; a larger young generation makes the
-    collections that lead to full ones rarer.
-    """
-    gc.collect()
-    gc.freeze()
-    _young, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+    heap.tune()
 
 
 def _serve(host: str, port: int, log_level: str) -> int:

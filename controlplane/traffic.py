@@ -20,6 +20,7 @@ that went stale drop out of "now" and add nothing.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -153,15 +154,15 @@ def live_sample(session: Session, now: datetime, stale_seconds: float) -> FleetS
     """The counters every live node reported last."""
     # Only the reports' ``serve`` part, extracted by the database: parsing every whole report (the
     # inventory is most of it) held the interpreter for hundreds of ms per sample in a large fleet.
-    serve = NodeRow.report["serve"]
+    serve = NodeRow.report["serve"].as_string()  # its JSON text; NULL when the report has none
     rows = session.execute(
         select(NodeRow.id, serve).where(
             NodeRow.last_seen >= now - timedelta(seconds=stale_seconds), serve.is_not(None)
         )
     ).all()
     fleet: FleetSample = {}
-    for node_id, raw in rows:
-        sample = _node_sample({"serve": raw})
+    for node_id, text in rows:
+        sample = _node_sample({"serve": json.loads(text)})
         if sample is not None:
             fleet[node_id] = sample
     return fleet
