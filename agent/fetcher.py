@@ -41,6 +41,7 @@ from agent.store import LocalChunk
 from weightship.backoff import DelaySequence
 from weightship.errors import DiskFullError, IntegrityError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event
+from weightship.manifest import Manifest
 from weightship.schemas import BlobURL
 
 __all__ = ["BlobURLSource", "CorruptChunkError", "Fetcher"]
@@ -132,6 +133,8 @@ class Fetcher:
             # (bench/simulate.py --order sequential vs random: about 2.0 vs 1.6 times ideal). The
             # tracker's availability re-ranks the rest as the fetch goes (``_Pool``).
             random.Random(self.sources.node).shuffle(jobs)
+        else:
+            jobs.sort(key=functools.partial(_file_order, staging.manifest))
         largest = max(job.length for job in jobs)
         limit = self.concurrency
         if self.sources is not None and self.sources.tracker:
@@ -163,6 +166,7 @@ class Fetcher:
             self.sources.availability_ttl if self.sources is not None else 0.25,
             in_order=functools.partial(self.streamed, staging.manifest.digest),
             window=max(4, 2 * slots),
+            order=functools.partial(_file_order, staging.manifest),
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -280,15 +284,15 @@ class Fetcher:
         assert self.sources is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.sources.busy_limit
-        pause = _BUSY_PAUSE
+        pauses = DelaySequence(_BUSY_PAUSE, _BUSY_PAUSE_MAX, jitter=0.25)
         while True:
             placed, busy = await self._source_round(staging, job, view, defer)
             if placed:
                 return True
+            pause = pauses.next_delay()
             if not busy or loop.time() + pause > deadline:
                 return False
-            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
-            pause = min(pause * 2, _BUSY_PAUSE_MAX)
+            await asyncio.sleep(pause)
 
     async def _source_round(self, staging: Staging, job: ChunkJob, view: memoryview, defer: bool) -> tuple[bool, bool]:
         """One pass over the tiers: (placed, whether some source refused only for load)."""
@@ -456,11 +460,13 @@ class _Pool:
         *,
         in_order: Callable[[], bool] = lambda: False,
         window: int = 8,
+        order: Callable[[ChunkJob], tuple[int, int, int]] | None = None,
     ) -> None:
         self.pending = list(jobs)
         self.rank = rank
         self.in_order = in_order
         self.window = window
+        self.order = order or (lambda job: (0, job.placements[0].file, job.placements[0].chunk))
         self.wait_limit = wait_limit
         self.recheck = recheck
         self._later: list[tuple[float, ChunkJob]] = []
@@ -494,7 +500,7 @@ class _Pool:
         """Put the best pending job first; whether it can be had now."""
         if not self.in_order():
             return self.rank is None or await self.rank(self.pending)
-        self.pending.sort(key=_file_order)
+        self.pending.sort(key=self.order)
         head = self.pending[: self.window]
         ready = self.rank is None or await self.rank(head)
         self.pending[: len(head)] = head
@@ -519,9 +525,10 @@ class _Pool:
         self._changed.set()
 
 
-def _file_order(job: ChunkJob) -> tuple[int, int]:
+def _file_order(manifest: Manifest, job: ChunkJob) -> tuple[int, int, int]:
+    """Side files (configs, indexes: read whole before a load can be planned) first, then file order."""
     first = job.placements[0]
-    return first.file, first.chunk
+    return int(manifest.files[first.file].safetensors is not None), first.file, first.chunk
 
 
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS

@@ -32,6 +32,7 @@ from typing import Protocol
 import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from weightship.backoff import Backoff
 from weightship.errors import TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.schemas import TicketGrant, TicketKeys
@@ -152,13 +153,14 @@ class TicketKeeper:
 
     async def keys_until_known(self, attempts: int = 3) -> None:
         """Read the keys at start, retrying briefly; a control plane that is down leaves them to the first use."""
-        for attempt in range(attempts):
-            try:
-                await self.refresh_keys()
-                return
-            except TemporaryError as exc:
-                event(log, "tickets.keys_unavailable", logging.WARNING, error=exc.message, attempt=attempt + 1)
-                await asyncio.sleep(0.2 * 2**attempt)
+
+        def unavailable(attempt: int, _delay: float, error: WeightshipError) -> None:
+            event(log, "tickets.keys_unavailable", logging.WARNING, error=error.message, attempt=attempt)
+
+        try:
+            await Backoff(attempts, base=0.2, cap=0.8).run_async(self.refresh_keys, on_retry=unavailable)
+        except TemporaryError as exc:
+            unavailable(attempts, 0.0, exc)
 
 
 class Audiences:

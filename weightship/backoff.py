@@ -21,6 +21,8 @@ from weightship.errors import TemporaryError, WeightshipError
 __all__ = ["Backoff", "DelaySequence", "capped_exponential", "is_temporary"]
 
 _R = TypeVar("_R")
+#: hears each failed attempt that will be retried: (attempt, seconds until the next, the error)
+OnRetry = Callable[[int, float, WeightshipError], None]
 
 
 def capped_exponential(attempt: int, base: float, cap: float) -> float:
@@ -42,15 +44,25 @@ class Backoff:
     cap: float = 8.0
     sleep: Callable[[float], None] = time.sleep
     async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    #: each wait is the exponential step times a random factor in ``[jitter_floor, 1]`` (0: full jitter)
+    jitter_floor: float = 0.5
 
     def delay(self, attempt: int, error: WeightshipError) -> float:
         """Seconds to wait before retry ``attempt`` (1-based) after ``error``."""
         exponential = capped_exponential(attempt, self.base, self.cap)
         hinted = error.delay if isinstance(error, TemporaryError) else 0.0
-        return max(min(hinted, self.cap), exponential * random.uniform(0.5, 1.0))
+        return max(min(hinted, self.cap), exponential * random.uniform(self.jitter_floor, 1.0))
 
-    def run(self, call: Callable[[], _R], retryable: Callable[[WeightshipError], bool] = is_temporary) -> _R:
-        """``call()``, retried while it raises a ``retryable`` error and attempts remain."""
+    def run(
+        self,
+        call: Callable[[], _R],
+        retryable: Callable[[WeightshipError], bool] = is_temporary,
+        on_retry: OnRetry | None = None,
+    ) -> _R:
+        """``call()``, retried while it raises a ``retryable`` error and attempts remain.
+
+        ``on_retry(attempt, delay, error)`` hears each failed attempt that will be retried (to log it).
+        """
         attempt = 1
         while True:
             try:
@@ -58,11 +70,17 @@ class Backoff:
             except WeightshipError as exc:
                 if attempt >= self.attempts or not retryable(exc):
                     raise
-                self.sleep(self.delay(attempt, exc))
+                pause = self.delay(attempt, exc)
+                if on_retry is not None:
+                    on_retry(attempt, pause, exc)
+                self.sleep(pause)
                 attempt += 1
 
     async def run_async(
-        self, call: Callable[[], Awaitable[_R]], retryable: Callable[[WeightshipError], bool] = is_temporary
+        self,
+        call: Callable[[], Awaitable[_R]],
+        retryable: Callable[[WeightshipError], bool] = is_temporary,
+        on_retry: OnRetry | None = None,
     ) -> _R:
         """``await call()``, retried like ``run`` but sleeping with ``async_sleep``."""
         attempt = 1
@@ -72,7 +90,10 @@ class Backoff:
             except WeightshipError as exc:
                 if attempt >= self.attempts or not retryable(exc):
                     raise
-                await self.async_sleep(self.delay(attempt, exc))
+                pause = self.delay(attempt, exc)
+                if on_retry is not None:
+                    on_retry(attempt, pause, exc)
+                await self.async_sleep(pause)
                 attempt += 1
 
 

@@ -16,7 +16,6 @@ newest one (``tests/controlplane/test_migrations.py`` compares them on both data
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from alembic import command
@@ -26,7 +25,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import exc, text
 from sqlalchemy.engine import Connection, Engine
 
+from weightship.backoff import Backoff
 from weightship.errors import TemporaryError
+from weightship.logs import event
 
 __all__ = ["MIGRATIONS_DIR", "alembic_config", "current_revision", "downgrade", "head_revision", "upgrade"]
 
@@ -77,25 +78,33 @@ def _lock(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+class _Locked(TemporaryError):
+    """SQLite's "database is locked" during a migration: a start-up race that passes (retried)."""
+
+
 def _migrate(engine: Engine, target: str, *, down: bool) -> None:
     # SQLite answers "database is locked" at once when replicas start together and race to switch the
     # new file to WAL mode, before its busy timeout applies; that race passes, so try a few times.
-    attempts = 8 if engine.dialect.name == "sqlite" else 1
-    for attempt in range(1, attempts + 1):
+    backoff = Backoff(attempts=8 if engine.dialect.name == "sqlite" else 1, base=0.1, cap=6.4)
+
+    def once() -> tuple[str | None, str | None]:
         try:
-            before, after = _migrate_once(engine, target, down=down)
-            break
+            return _migrate_once(engine, target, down=down)
         except exc.OperationalError as err:
-            if attempt < attempts and "locked" in str(err.orig):
-                time.sleep(0.05 * 2**attempt)
-                continue
-            raise TemporaryError(
+            message = (
                 f"could not migrate the database at {engine.url.render_as_string(hide_password=True)}: {err.orig}; "
-                "check that it is reachable and not locked by another process, then retry",
-                delay=5.0,
-            ) from err
+                "check that it is reachable and not locked by another process, then retry"
+            )
+            if "locked" in str(err.orig):
+                raise _Locked(message, delay=0.0) from err
+            raise TemporaryError(message, delay=5.0) from err
+
+    try:
+        before, after = backoff.run(once, retryable=lambda error: isinstance(error, _Locked))
+    except _Locked as locked:
+        raise TemporaryError(locked.message, delay=5.0) from locked.__cause__
     if before != after:
-        log.info("schema_migrated from=%s to=%s dialect=%s", before, after, engine.dialect.name)
+        event(log, "schema.migrated", **{"from": before, "to": after, "dialect": engine.dialect.name})
 
 
 def _restore_busy_timeout(conn: Connection, busy_ms: int) -> None:

@@ -13,7 +13,6 @@ again later. Everything else is mapped at once and never retried: a missing key 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
-from weightship.backoff import capped_exponential
+from weightship.backoff import Backoff
 from weightship.errors import (
     IntegrityError,
     NotFoundError,
@@ -41,6 +40,7 @@ from weightship.errors import (
     TemporaryError,
     WeightshipError,
 )
+from weightship.logs import event
 
 __all__ = ["RetryPolicy", "call", "map_error"]
 
@@ -112,9 +112,9 @@ class RetryPolicy:
             response_checksum_validation="when_required",
         )
 
-    def delay(self, attempt: int) -> float:
-        """Seconds before retry ``attempt`` (1-based): capped exponential, full jitter."""
-        return random.uniform(0.0, capped_exponential(attempt, self.base_delay, self.max_delay))
+    def backoff(self) -> Backoff:
+        """The retry engine for this policy: capped exponential, full jitter."""
+        return Backoff(self.attempts, self.base_delay, self.max_delay, sleep=self.sleep, jitter_floor=0.0)
 
 
 def _classify(exc: Exception, what: str) -> tuple[WeightshipError, bool]:
@@ -153,24 +153,31 @@ def map_error(exc: Exception, what: str) -> WeightshipError:
     return _classify(exc, what)[0]
 
 
+class _Transient(TemporaryError):
+    """A failure of one S3 call that may pass: retried; no server hint (botocore's own retries took it)."""
+
+
 def call(policy: RetryPolicy, what: str, fn: Callable[[], _T]) -> _T:
     """``fn()``, retried per ``policy`` while it fails in a way that may pass; errors mapped."""
-    attempt = 1
-    while True:
+
+    def once() -> _T:
         try:
             return fn()
         except (BotoCoreError, ClientError) as exc:
             error, retryable = _classify(exc, what)
         if not retryable:
             raise error from None
-        if attempt >= policy.attempts:
-            log.warning("s3_gave_up what=%r attempts=%d error=%r", what, attempt, error.message)
-            raise TemporaryError(
-                f"{error.message}; gave up after {attempt} attempts: check that the S3 endpoint is reachable "
-                "and healthy, then retry",
-                delay=policy.max_delay,
-            ) from None
-        pause = policy.delay(attempt)
-        log.info("s3_retry what=%r attempt=%d delay=%.3f error=%r", what, attempt, pause, error.message)
-        policy.sleep(pause)
-        attempt += 1
+        raise _Transient(error.message, delay=0.0) from None
+
+    def retrying(attempt: int, pause: float, error: WeightshipError) -> None:
+        event(log, "s3.retry", what=what, attempt=attempt, delay=f"{pause:.3f}", error=error.message)
+
+    try:
+        return policy.backoff().run(once, on_retry=retrying)
+    except _Transient as error:
+        event(log, "s3.gave_up", logging.WARNING, what=what, attempts=policy.attempts, error=error.message)
+        raise TemporaryError(
+            f"{error.message}; gave up after {policy.attempts} attempts: check that the S3 endpoint is reachable "
+            "and healthy, then retry",
+            delay=policy.max_delay,
+        ) from None
