@@ -108,7 +108,7 @@ log = logging.getLogger(__name__)
 _NODE_ROLES = ("node", "cache")
 #: a report equal to the one this process last wrote for a node is still rewritten this often
 REPORT_REWRITE_SECONDS = 60.0
-#: long-polls of at least this many seconds end up to this share early, at random
+#: distinct desired-state answers kept for sharing (``desired_answer``)
 _MAX_ANSWERS = 10_000
 
 
