@@ -19,7 +19,11 @@ server to that one version: it asks the agent for it by digest, which makes the 
 when the deployment's pointer names it, waits (not ready; ``/readyz`` and ``/v1/status`` say
 which digest it waits for and where the node stands with it) until the node holds it verified,
 loads it once and serves it for as long as it runs. It never follows the pointer and never
-swaps. It holds a lease on the version (renewed every third of ``--lease-seconds``, dropped at a
+swaps. A version the node is still fetching is loaded while it is fetched (``gpu_loader.streamfeed``):
+each tensor as soon as the agent has verified every chunk it spans, so the first answer comes once
+the last tensor is in, not after the fetch *and then* a full load; ``/v1/status`` shows the load's
+progress under ``loading``. ``--no-stream`` (or ``WEIGHTSHIP_STREAM=0``) waits for the whole
+version instead. It holds a lease on the version (renewed every third of ``--lease-seconds``, dropped at a
 clean stop), so the agent never evicts a version while this server serves it.
 
 HTTP:
@@ -71,6 +75,8 @@ from gpu_loader.inference import complete, decode, embed, encode
 from gpu_loader.loader import Loader, LoadOptions, VerifyMode
 from gpu_loader.metrics import ServeMetrics, VersionTallies
 from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens, prepare
+from gpu_loader.streamfeed import ChunkStream
+from gpu_loader.streaming import StreamingLoader, StreamingSession, StreamProgress
 from weightship.backoff import DelaySequence
 from weightship.errors import WeightshipError
 from weightship.logs import event
@@ -105,6 +111,8 @@ class ServeConfig:
     digest: str | None = None
     #: pinned mode: how long the agent keeps the version for this server without a renewal
     lease_seconds: float = 30.0
+    #: pinned mode: load a version the node still fetches as its chunks are verified
+    stream: bool = True
 
 
 def _problem(request: web.Request, status: int, code: str, detail: str) -> web.Response:
@@ -142,6 +150,8 @@ class Server:
             if config.digest is not None
             else None
         )
+        #: pinned mode, while a streaming load runs: its progress
+        self.loading: StreamProgress | None = None
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -238,6 +248,16 @@ class Server:
             "pinned": self.config.digest,
             "waiting_for": self.waiting_for,
         }
+        progress = self.loading
+        if progress is not None:
+            body["loading"] = {
+                "streaming": True,
+                "tensors_loaded": progress.tensors_loaded,
+                "tensors_total": progress.tensors_total,
+                "bytes_loaded": progress.bytes_loaded,
+                "bytes_total": progress.bytes_total,
+                "first_tensor_ms": progress.first_tensor_ms,
+            }
         if served is not None:
             body["serving"] = {
                 "digest": served.digest,
@@ -298,16 +318,15 @@ class Server:
 
     # --- loading and swapping ------------------------------------------------------------------
 
-    async def install(self, directory: Path, digest: str | None, epoch: int) -> Prepared:
+    async def install(self, directory: Path, digest: str | None, epoch: int, loader: Loader | None = None) -> Prepared:
         """Load and validate a version (in a worker thread) and, if it passes, swap it in."""
         event(_log, "serve.loading", logging.INFO, digest=digest or "-", epoch=epoch, directory=directory)
         loop = asyncio.get_running_loop()
         c = self.config
+        use = loader or self.loader
         prepared = await loop.run_in_executor(
             self._load,
-            lambda: prepare(
-                self.loader, directory, digest=digest, epoch=epoch, device=c.device, dtype=c.dtype, verify=c.verify
-            ),
+            lambda: prepare(use, directory, digest=digest, epoch=epoch, device=c.device, dtype=c.dtype, verify=c.verify),
         )
         if prepared.stats is not None:
             self.metrics.load_seconds.labels(digest=prepared.digest).set(prepared.stats.seconds)
@@ -423,7 +442,7 @@ class Server:
         while True:
             try:
                 view = await agent.lease(self.instance, name, digest, lease)
-                if not loaded and view.path is None:
+                if not loaded and view.path is None and not self.config.stream:
                     self._wait_state(view.state.value, view.reason, view.bytes_present, view.bytes_total)
                     view = await agent.wait_version(digest, name, max(1.0, min(self.config.poll_seconds, lease / 3)))
                 backoff.reset()
@@ -440,10 +459,17 @@ class Server:
                 continue
             if view.path is None:
                 self._wait_state(view.state.value, view.reason, view.bytes_present, view.bytes_total)
-                continue
-            loaded = True
-            self.waiting_for = None
-            prepared = await self.install(Path(view.path), digest, 0)
+                if not self.config.stream:
+                    continue
+                prepared_or_none = await self._install_streamed(agent, digest, name)
+                if prepared_or_none is None:
+                    continue  # installed meanwhile: load it as usual
+                loaded = True
+                prepared = prepared_or_none
+            else:
+                loaded = True
+                self.waiting_for = None
+                prepared = await self.install(Path(view.path), digest, 0)
             report = validation_report(
                 name, digest, outcome=prepared.outcome, stats=prepared.stats, error=prepared.error
             )
@@ -451,6 +477,35 @@ class Server:
                 await agent.report(report)
             except WeightshipError as exc:
                 event(_log, "serve.report_failed", logging.WARNING, digest=digest, error=exc.message)
+
+    async def _install_streamed(self, agent: LocalAgent, digest: str, name: str) -> Prepared | None:
+        """Load ``digest`` while the agent fetches it (``gpu_loader.streamfeed``); ``None`` if it got installed first.
+
+        Until the last tensor is loaded the server stays not ready; the feed's view of the fetch
+        (fetching, failed and retried, the agent unreachable) shows in ``waiting_for``.
+        """
+        stream = ChunkStream(
+            agent, digest, name, poll=max(1.0, min(self.config.poll_seconds, 10.0)),
+            on_state=lambda state, reason: self._wait_state(state, reason, 0, 0),
+        )  # fmt: skip
+        version = await stream.start()
+        if version is None:
+            return None
+        follower = asyncio.create_task(stream.run())
+
+        def attach(session: StreamingSession) -> None:
+            self.loading = session.progress
+            stream.attach(session)
+
+        try:
+            prepared = await self.install(version.directory, digest, 0, loader=StreamingLoader(self.loader, attach))
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            for session in stream.sessions:
+                session.stream.fail(RuntimeError("the streaming load was stopped"))
+        self.waiting_for = None
+        return prepared
 
     def _wait_state(self, state: str, reason: str, present: int, total: int) -> None:
         """Pinned mode: record (and log, when it changed) where the node stands with the version."""
@@ -657,6 +712,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--lease-seconds", type=float, default=30.0, help="with --digest: how long the agent holds it without renewal"
     )
+    parser.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="with --digest: wait until the node holds the whole version before loading (default: load while it is "
+        "fetched; also WEIGHTSHIP_STREAM=0)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
@@ -701,6 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_push_seconds=max(0.1, args.metrics_push_seconds),
         digest=args.digest,
         lease_seconds=min(3600.0, max(3.0, args.lease_seconds)),
+        stream=args.stream and os.environ.get("WEIGHTSHIP_STREAM", "1") != "0",
     )
     return asyncio.run(_run(config))
 

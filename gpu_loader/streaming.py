@@ -64,6 +64,8 @@ class StreamProgress:
     bytes_loaded: int = 0
     chunks_ready: int = 0
     first_tensor_at: float | None = None
+    #: from the first chunk reported ready to the first tensor handed out
+    first_tensor_ms: float | None = None
 
 
 class StreamingPipeline(Pipeline):
@@ -92,6 +94,8 @@ class StreamingPipeline(Pipeline):
         self._runnable: collections.deque[int] = collections.deque()
         self._taken = 0
         self.chunks_ready = 0
+        #: ``time.perf_counter()`` when the first chunk was reported ready
+        self.first_chunk_at: float | None = None
         for index, item in enumerate(plan.items):
             need = set(self._chunks_of(item.file, item.start, item.end))
             header = plan.files[item.file].entry.safetensors
@@ -117,6 +121,8 @@ class StreamingPipeline(Pipeline):
                 return
             self._ready[file].add(chunk)
             self.chunks_ready += 1
+            if self.first_chunk_at is None:
+                self.first_chunk_at = time.perf_counter()
             for index in self._waiting.pop((file, chunk), ()):
                 self._missing[index] -= 1
                 if self._missing[index] == 0:
@@ -194,6 +200,9 @@ class StreamingSession(LoadSession):
         for name, tensor in super().__iter__():
             if progress.first_tensor_at is None:
                 progress.first_tensor_at = time.perf_counter()
+                first_chunk = self.stream.first_chunk_at
+                if first_chunk is not None:
+                    progress.first_tensor_ms = (progress.first_tensor_at - first_chunk) * 1000
             progress.tensors_loaded += 1
             progress.bytes_loaded += tensor.numel() * tensor.element_size()
             progress.chunks_ready = self.stream.chunks_ready

@@ -17,10 +17,12 @@ import torch
 
 from gpu_loader.agent_api import LocalAgent
 from gpu_loader.loader import Loader, LoadOptions, load_state_dict
+from gpu_loader.modelgen import generate
 from gpu_loader.streamfeed import StreamedLoad, stream_load
 from gpu_loader.streaming import StreamingSession
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.fleet import Fleet
+from tests.gpu_loader.test_serve import PROMPT, ServerProcess
 from weightship.testing import FaultProxy, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -106,3 +108,48 @@ async def test_a_streamed_load_survives_the_agent_killed_mid_fetch_and_finishes_
         await client.aclose()
     assert got is not None
     _same(got, model_dir)
+
+
+async def test_a_pinned_server_cold_on_a_version_being_fetched_answers_only_once_its_last_tensor_is_loaded(
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, model: str, deployment: str, tmp_path: Path
+) -> None:
+    generate(tmp_path / "servable", size_mb=2, seed=21)
+    manifest = fleet.publish(tmp_path / "servable", model, "v1")
+    proxy.hold_after = 10
+    fleet.point(deployment, model, "v1")
+    agent = spawn("node-v", extra=["--concurrency", "2"])
+    await agent.ready()
+    args = ["--agent", agent.url, "--deployment", deployment, "--digest", manifest.digest, "--poll-seconds", "5"]
+    (tmp_path / "server").mkdir()
+    with ServerProcess(args, tmp_path / "server") as server:
+
+        def loading() -> dict[str, object] | None:
+            status = server.client.get("/v1/status").json()
+            return status.get("loading") if proxy.held() > 0 else None
+
+        progress = await eventually(loading, 60, "the server to start a streaming load while the fetch is held")
+        assert progress["tensors_loaded"] < progress["tensors_total"]  # type: ignore[operator]
+        assert server.client.post("/v1/generate", json=PROMPT).status_code == 503
+        assert server.client.get("/readyz").status_code == 503
+        proxy.release()
+        await eventually(lambda: server.ready_digest() == manifest.digest, 60, "the server to serve the version")
+        assert server.client.post("/v1/generate", json=PROMPT).status_code == 200
+        done = server.client.get("/v1/status").json()["loading"]
+        assert done["tensors_loaded"] == done["tensors_total"]
+        assert "load.stream_planned" in server.log()
+
+
+async def test_a_server_with_streaming_off_loads_only_the_installed_version(
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, model: str, deployment: str, tmp_path: Path
+) -> None:
+    generate(tmp_path / "servable", size_mb=1, seed=22)
+    manifest = fleet.publish(tmp_path / "servable", model, "v1")
+    fleet.point(deployment, model, "v1")
+    agent = spawn("node-q")
+    await agent.ready()
+    args = ["--agent", agent.url, "--deployment", deployment, "--digest", manifest.digest, "--no-stream"]
+    (tmp_path / "server").mkdir()
+    with ServerProcess(args, tmp_path / "server") as server:
+        await eventually(lambda: server.ready_digest() == manifest.digest, 60, "the server to serve the version")
+        assert "loading" not in server.client.get("/v1/status").json()
+        assert "load.stream_planned" not in server.log()
