@@ -4,7 +4,7 @@ A version has one chunk size (a power of two). Chunk ``i`` of a file is the byte
 ``[i * chunk_size, min((i + 1) * chunk_size, size))``; the last chunk is shorter, and an empty
 file has no chunks. Hashing reads each file once: a reader thread per file fills a buffer with one
 chunk, feeds the whole-file SHA-256 and hands the buffer to a pool that computes the chunk's
-SHA-256. ``hashlib`` drops the GIL on large updates, so the threads use every core.
+SHA-256 (``weightship.digests``). ``hashlib`` drops the GIL on large updates, so the threads use every core.
 
 Every buffer comes from one ``BufferPool`` for the whole job, so hashing holds at most
 ``memory`` bytes of buffers (``DEFAULT_HASH_MEMORY``, or one chunk if a chunk is larger),
@@ -14,7 +14,6 @@ allocating one.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightship.buffers import BufferPool, read_exact
+from weightship.digests import sha256_hex, sha256_stream
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -71,10 +71,6 @@ class FileDigests:
     chunks: tuple[str, ...]
 
 
-def _sha256(view: memoryview) -> str:
-    return hashlib.sha256(view).hexdigest()
-
-
 def _hash_one(
     path: Path,
     chunk_size: int,
@@ -85,7 +81,7 @@ def _hash_one(
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        whole = hashlib.sha256()
+        whole = sha256_stream()
         futures: list[Future[str]] = []
         single = size <= chunk_size
         for start, end in chunk_ranges(size, chunk_size):
@@ -97,7 +93,7 @@ def _hash_one(
                 buffers.release(buf)
                 raise
             if single:
-                futures.append(pool.submit(_sha256, view))
+                futures.append(pool.submit(sha256_hex, view))
             else:
                 # Feed the whole-file hash before handing the buffer over: the pool returns it
                 # to the free list as soon as the chunk hash is done.
@@ -119,7 +115,7 @@ def _hash_one(
 
 def _hash_and_release(view: memoryview, buf: bytearray, buffers: BufferPool) -> str:
     try:
-        return _sha256(view)
+        return sha256_hex(view)
     finally:
         buffers.release(buf)
 

@@ -27,7 +27,6 @@ session opens.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -282,7 +281,7 @@ class _Uploader:
             data = _read_part(self.root / rel, part.offset, part.length)
         except IntegrityError:
             data = b""
-        if len(data) != part.length or hashlib.sha256(data).hexdigest() != part.sha256:
+        if len(data) != part.length or sha256_hex(data) != part.sha256:
             raise IntegrityError(
                 f"{rel}: bytes {part.offset}-{part.offset + part.length} no longer match the digest hashed a moment "
                 "ago; the file changed during publish: leave the directory alone and run publish again"
