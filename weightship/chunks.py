@@ -2,27 +2,33 @@
 
 A version has one chunk size (a power of two). Chunk ``i`` of a file is the byte range
 ``[i * chunk_size, min((i + 1) * chunk_size, size))``; the last chunk is shorter, and an empty
-file has no chunks. Hashing reads each file once: a reader thread per file fills a buffer with one
-chunk, feeds the whole-file SHA-256 and hands the buffer to a pool that computes the chunk's
-SHA-256 (``weightship.digests``). ``hashlib`` drops the GIL on large updates, so the threads use every core.
+file has no chunks. Hashing reads each file once, in blocks of ``HASH_BLOCK`` bytes (never across
+a chunk boundary) into reused buffers: a reader thread per file fills a block, feeds it to the
+whole-file SHA-256 and then to its chunk's SHA-256, both reading the block while it is hot in
+cache. With fewer multi-chunk files than cores, each such file's reader hands the block to the
+file's helper thread for the chunk digest instead, while it goes on with the next block (two
+threads per file; ``hashlib`` drops the GIL on large updates, so they use two cores).
+A file of one chunk is hashed once (its chunk digest is its digest). All digests come from
+``weightship.digests``.
 
 Every buffer comes from one ``BufferPool`` for the whole job, so hashing holds at most
-``memory`` bytes of buffers (``DEFAULT_HASH_MEMORY``, or one chunk if a chunk is larger),
-however many cores, readers and files there are: a reader waits for a buffer instead of
-allocating one.
+``memory`` bytes of buffers (``DEFAULT_HASH_MEMORY``; by default ``BLOCKS_PER_READER`` blocks
+per reader, 16 MiB each on 2 cores), however many cores, readers and files there are: a reader
+waits for a buffer instead of allocating one.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from weightship.buffers import BufferPool, read_exact
-from weightship.digests import sha256_hex, sha256_stream
+from weightship.digests import sha256_stream
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -41,6 +47,11 @@ MIN_CHUNK_SIZE = 64 * 1024
 MAX_CHUNK_SIZE = 4 * 1024 * 1024 * 1024
 #: Most bytes of buffers one hashing job holds (at least one chunk's worth).
 DEFAULT_HASH_MEMORY = 1024 * 1024 * 1024
+#: Bytes read and hashed at a time: small enough that a block is still in cache when its second
+#: digest reads it, large enough that ``hashlib`` (which drops the GIL) dominates the per-block cost.
+HASH_BLOCK = 4 * 1024 * 1024
+#: Buffers per reader: one being read and hashed, the helper's, and slack between them.
+BLOCKS_PER_READER = 4
 
 #: Called with the number of bytes just hashed; must be thread-safe.
 Progress = Callable[[int], None]
@@ -72,52 +83,95 @@ class FileDigests:
 
 
 def _hash_one(
-    path: Path,
-    chunk_size: int,
-    pool: ThreadPoolExecutor,
-    buffers: BufferPool,
-    progress: Progress | None,
+    path: Path, chunk_size: int, block: int, split: bool, buffers: BufferPool, progress: Progress | None
 ) -> FileDigests:
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        whole = sha256_stream()
-        futures: list[Future[str]] = []
-        single = size <= chunk_size
-        for start, end in chunk_ranges(size, chunk_size):
-            buf = buffers.acquire()
-            view = memoryview(buf)[: end - start]
-            try:
-                read_exact(fd, view, start, str(path))
-            except BaseException:
-                buffers.release(buf)
-                raise
-            if single:
-                futures.append(pool.submit(sha256_hex, view))
-            else:
-                # Feed the whole-file hash before handing the buffer over: the pool returns it
-                # to the free list as soon as the chunk hash is done.
-                whole.update(view)
-                futures.append(pool.submit(_hash_and_release, view, buf, buffers))
-            if progress is not None:
-                progress(end - start)
-            if single:
-                try:
-                    digest = futures[0].result()
-                finally:
-                    buffers.release(buf)
-                return FileDigests(size=size, sha256=digest, chunks=(digest,))
-        chunks = tuple(f.result() for f in futures)
-        return FileDigests(size=size, sha256=whole.hexdigest(), chunks=chunks)
+        if size <= chunk_size:
+            # One chunk: its digest is the file's, so each byte is hashed once, on this thread.
+            digest = sha256_stream()
+            for start, end in chunk_ranges(size, block):
+                with buffers.buffer() as buf:
+                    view = memoryview(buf)[: end - start]
+                    read_exact(fd, view, start, str(path))
+                    digest.update(view)
+                if progress is not None:
+                    progress(end - start)
+            hexdigest = digest.hexdigest()
+            return FileDigests(size=size, sha256=hexdigest, chunks=(hexdigest,) if size else ())
+        if not split:
+            return _hash_chunked_inline(fd, path, size, chunk_size, block, buffers, progress)
+        return _hash_chunked(fd, path, size, chunk_size, block, buffers, progress)
     finally:
         os.close(fd)
 
 
-def _hash_and_release(view: memoryview, buf: bytearray, buffers: BufferPool) -> str:
+def _hash_chunked_inline(
+    fd: int, path: Path, size: int, chunk_size: int, block: int, buffers: BufferPool, progress: Progress | None
+) -> FileDigests:
+    """Both digests on this thread, the second reading the block while it is hot in this core's cache."""
+    whole = sha256_stream()
+    chunk = sha256_stream()
+    chunks: list[str] = []
+    for start, end in chunk_ranges(size, block):
+        with buffers.buffer() as buf:
+            view = memoryview(buf)[: end - start]
+            read_exact(fd, view, start, str(path))
+            whole.update(view)
+            chunk.update(view)
+        if end % chunk_size == 0 or end == size:
+            chunks.append(chunk.hexdigest())
+            chunk = sha256_stream()
+        if progress is not None:
+            progress(end - start)
+    return FileDigests(size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
+
+
+def _hash_chunked(
+    fd: int, path: Path, size: int, chunk_size: int, block: int, buffers: BufferPool, progress: Progress | None
+) -> FileDigests:
+    """Whole-file digest on this thread, chunk digests on a helper, one block apart over the same buffers."""
+    whole = sha256_stream()
+    blocks: queue.SimpleQueue[tuple[memoryview, bytearray, bool] | None] = queue.SimpleQueue()
+    chunks: list[str] = []
+    helper = threading.Thread(target=_hash_chunks, args=(blocks, buffers, chunks), name="ws-hash-chunks")
+    helper.start()
     try:
-        return sha256_hex(view)
+        for start, end in chunk_ranges(size, block):
+            buf = buffers.acquire()
+            view = memoryview(buf)[: end - start]
+            try:
+                read_exact(fd, view, start, str(path))
+                whole.update(view)
+            except BaseException:
+                buffers.release(buf)
+                raise
+            # The helper hashes this block into its chunk (and returns the buffer) while this
+            # thread reads and hashes the next one.
+            blocks.put((view, buf, end % chunk_size == 0 or end == size))
+            if progress is not None:
+                progress(end - start)
     finally:
-        buffers.release(buf)
+        blocks.put(None)
+        helper.join()
+    return FileDigests(size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
+
+
+def _hash_chunks(
+    blocks: queue.SimpleQueue[tuple[memoryview, bytearray, bool] | None], buffers: BufferPool, out: list[str]
+) -> None:
+    digest = sha256_stream()
+    while (item := blocks.get()) is not None:
+        view, buf, last = item
+        try:
+            digest.update(view)
+        finally:
+            view.release()
+            buffers.release(buf)
+        if last:
+            out.append(digest.hexdigest())
+            digest = sha256_stream()
 
 
 def hash_files(
@@ -132,15 +186,20 @@ def hash_files(
     """Digests of each file in ``paths``, in order, reading every byte once.
 
     Buffers come from ``buffers``, or from a pool of at most ``memory`` bytes (at least one
-    chunk): enough for every worker and reader to be busy when memory allows, fewer otherwise.
+    block): ``BLOCKS_PER_READER`` blocks for each of ``workers`` readers when memory allows.
     """
     workers = workers or os.cpu_count() or 1
     readers = max(1, min(len(paths), workers))
-    needed = max(1, min(chunk_size, max((p.stat().st_size for p in paths), default=0)))
+    block = min(chunk_size, HASH_BLOCK)
+    # With a file of several chunks per core, each reader hashes both digests itself (fewest
+    # threads, the second digest reads a block hot in this core's cache); with fewer such files
+    # than cores, each one's chunk digests move to a helper thread so that every core works.
+    split = sum(1 for p in paths if p.stat().st_size > chunk_size) < workers
+    needed = max(1, min(block, max((p.stat().st_size for p in paths), default=0)))
     if buffers is None:
-        buffers = BufferPool.within(memory, needed, 2 * workers + readers)
+        buffers = BufferPool.within(memory, needed, BLOCKS_PER_READER * readers)
     elif buffers.size < needed:
-        raise ValueError(f"hash buffers of {buffers.size} bytes cannot hold a {needed}-byte chunk")
+        raise ValueError(f"hash buffers of {buffers.size} bytes cannot hold a {needed}-byte block")
     lock = threading.Lock()
     safe_progress: Progress | None = None
     if progress is not None:
@@ -150,9 +209,6 @@ def hash_files(
             with lock:
                 user_progress(n)
 
-    with (
-        ThreadPoolExecutor(workers, thread_name_prefix="ws-hash") as pool,
-        ThreadPoolExecutor(readers, thread_name_prefix="ws-read") as reader_pool,
-    ):
-        jobs = [reader_pool.submit(_hash_one, p, chunk_size, pool, buffers, safe_progress) for p in paths]
+    with ThreadPoolExecutor(readers, thread_name_prefix="ws-read") as reader_pool:
+        jobs = [reader_pool.submit(_hash_one, p, chunk_size, block, split, buffers, safe_progress) for p in paths]
         return [j.result() for j in jobs]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from weightship.buffers import BufferPool, read_exact
-from weightship.chunks import chunk_ranges, hash_files
+from weightship.chunks import HASH_BLOCK, chunk_ranges, hash_files
 from weightship.errors import IntegrityError
 
 pytestmark = pytest.mark.timeout(60)
@@ -105,3 +105,14 @@ def test_read_exact_fills_the_whole_view_from_the_offset(tmp_path: Path) -> None
     finally:
         os.close(fd)
     assert bytes(view) == data[50_000:250_000]
+
+
+@pytest.mark.parametrize("workers", [1, 4], ids=["both-digests-on-the-reader", "chunk-digests-on-a-helper"])
+def test_chunks_larger_than_a_read_block_hash_to_the_same_digests(tmp_path: Path, workers: int) -> None:
+    chunk = 2 * HASH_BLOCK
+    path = tmp_path / "big.bin"
+    data = os.urandom(2 * chunk + HASH_BLOCK + 3)  # blocks end mid-chunk, the last chunk is short
+    path.write_bytes(data)
+    (got,) = hash_files([path], chunk, workers=workers)
+    assert got.sha256 == hashlib.sha256(data).hexdigest()
+    assert got.chunks == tuple(hashlib.sha256(data[a:b]).hexdigest() for a, b in chunk_ranges(len(data), chunk))
