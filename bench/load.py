@@ -18,7 +18,10 @@ Baselines, measured in this run:
 * ``state_dict``: what users do today to fill a model: build the module on the device
   (``to_empty``), ``safetensors.torch.load_file`` every file onto the same device, then
   ``module.load_state_dict``. Against it, ``full_module``: gpu_loader builds the same module on
-  ``meta`` and loads it with ``Loader.load_into(..., verify="full")``, every byte SHA-256-checked.
+  ``meta`` and loads it with ``Loader.load_into(..., verify="full")``, every byte SHA-256-checked;
+  and ``trust_module``: the same with ``verify="trust"``, the load a model server makes once its
+  agent has verified the version (the agent's record covers every chunk; sizes and headers are
+  still checked against the manifest).
 * ``h2d`` (CUDA): ``copy_`` of the model's byte count from a pinned 256 MiB buffer to the device,
   measured in every round beside the others (PCIe shifts with clocks and neighbours).
 * ``pinned_read_h2d`` (CUDA): the fair pipeline baseline: the same reader count and block size
@@ -35,7 +38,9 @@ Usage: python bench/load.py [--size-mb 768, 16384 on CUDA] [--shards 4] [--devic
 Last line: one JSON object; keys ``trust_vs_raw``, ``full_vs_limit``, ``trust_vs_safetensors``
 (default loader vs ``raw_stream``, ``min(raw_stream, sha256 x cores)`` and safetensors; best
 round against best round), ``trust_vs_raw_median`` and ``full_vs_limit_median`` (median against
-median), ``full_vs_state_dict`` (``full_module`` against ``state_dict``), ``first_tensor_ms``; on
+median), ``full_vs_state_dict`` and ``trust_module_vs_state_dict`` (``full_module`` and
+``trust_module`` against ``state_dict``; ``cold_full_module_vs_state_dict`` and
+``cold_trust_module_vs_state_dict`` from the cold runs), ``first_tensor_ms``; on
 CUDA ``cuda_vs_h2d`` and ``cuda_vs_pinned_read_h2d`` (``trust`` against each); plus the same for
 the mapped CPU mode and against ``raw_fresh``.
 """
@@ -290,9 +295,12 @@ def main() -> None:
         def load(which: Loader, verify: VerifyMode) -> Callable[[], object]:
             return lambda: which.load(version, device=args.device, verify=verify)
 
-        def load_module() -> None:
-            module = build_model(made.config)
-            loader.load_into(module, version, device=args.device, verify="full")
+        def load_module(verify: VerifyMode) -> Callable[[], object]:
+            def run() -> None:
+                module = build_model(made.config)
+                loader.load_into(module, version, device=args.device, verify=verify)
+
+            return run
 
         methods: dict[str, Callable[[], object]] = {
             "raw_stream": lambda: raw_stream(files),
@@ -302,7 +310,8 @@ def main() -> None:
             "fast": load(loader, "fast"),
             "full": load(loader, "full"),
             "state_dict": lambda: state_dict_load(files, made.config, args.device),
-            "full_module": load_module,
+            "full_module": load_module("full"),
+            "trust_module": load_module("trust"),
         }
         if cuda:
             readers = LoadOptions().reader_count(torch.device(args.device))
@@ -374,6 +383,8 @@ def main() -> None:
             "full_vs_limit_median": median["full"] / min(median["raw_stream"], cores * sha1),
             "full_vs_state_dict": best["full_module"] / best["state_dict"],
             "full_vs_state_dict_median": median["full_module"] / median["state_dict"],
+            "trust_module_vs_state_dict": best["trust_module"] / best["state_dict"],
+            "trust_module_vs_state_dict_median": median["trust_module"] / median["state_dict"],
             "first_tensor_ms": statistics.median(first),
         }
         if cuda:
@@ -392,6 +403,8 @@ def main() -> None:
             }
         if cold:
             ratios["cold_trust_vs_raw"] = cold["trust"] / cold["raw_stream"]
+            ratios["cold_full_module_vs_state_dict"] = cold["full_module"] / cold["state_dict"]
+            ratios["cold_trust_module_vs_state_dict"] = cold["trust_module"] / cold["state_dict"]
             if "mapped_trust" in cold:
                 ratios["cold_mapped_trust_vs_raw"] = cold["mapped_trust"] / cold["raw_stream"]
         print(f"load average after: {load_average()}")

@@ -51,7 +51,7 @@ BENCHES = [
     Bench(
         "load.py",
         ("--size-mb", "8", "--shards", "1", "--repeat", "1", "--no-cold"),
-        ("trust_vs_raw", "full_vs_limit", "trust_vs_safetensors", "full_vs_state_dict", "first_tensor_ms"),
+        ("trust_vs_raw", "full_vs_limit", "trust_vs_safetensors", "full_vs_state_dict", "trust_module_vs_state_dict", "first_tensor_ms"),
     ),
     Bench(
         "fetch.py",
