@@ -30,6 +30,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from weightship.errors import WeightshipError
+from weightship.logs import event
 from weightship.problems import PROBLEM_MEDIA_TYPE, error_from_response, error_problem, problem_document
 
 __all__ = ["MAX_ERROR_BODY", "answer_error", "boundary", "error_response", "problem_response"]
@@ -93,7 +94,15 @@ def boundary(what: str, *, challenge: str = "Bearer") -> Middleware:
         except ConnectionError:
             raise  # the client went away (perhaps mid-body): nobody is left to answer
         except Exception as exc:
-            log.exception("request_failed method=%s path=%s error=%s", request.method, request.path, type(exc).__name__)
+            event(
+                log,
+                "request.failed",
+                logging.ERROR,
+                method=request.method,
+                path=request.path,
+                error=type(exc).__name__,
+                exc_info=True,
+            )
             detail = (
                 f"{what} failed on {request.method} {request.path} ({type(exc).__name__}); "
                 "this is a bug: check the agent's log, then retry"

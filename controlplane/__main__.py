@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from controlplane.settings import Settings
+from weightship.logs import event
 
 __all__ = ["main"]
 
@@ -212,13 +213,14 @@ def _serve(host: str, port: int, log_level: str) -> int:
     except BaseException:
         sock.close()
         raise
-    log.info(
-        "controlplane_starting host=%s port=%d public_url=%s public_url_from=%s store=%s",
-        host,
-        bound_port,
-        public_url,
-        "WEIGHTSHIP_PUBLIC_URL" if explicit else "bound_address",
-        settings.store_url,
+    event(
+        log,
+        "controlplane.starting",
+        host=host,
+        port=bound_port,
+        public_url=public_url,
+        public_url_from="WEIGHTSHIP_PUBLIC_URL" if explicit else "bound_address",
+        store=settings.store_url,
     )
     app = create_app(settings)
     config = uvicorn.Config(app, host=host, port=bound_port, log_level=log_level, proxy_headers=True)

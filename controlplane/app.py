@@ -32,6 +32,7 @@ from controlplane.state import AppState
 from controlplane.traffic import sample_forever
 from controlplane.watcher import watching
 from weightship.errors import WeightshipError
+from weightship.logs import event
 
 __all__ = ["create_app"]
 
@@ -47,10 +48,10 @@ async def _sweep_uploads_forever(state: AppState) -> None:
         try:
             aborted = await asyncio.to_thread(sweep_expired_uploads, state)
         except WeightshipError as exc:
-            log.warning("upload_sweep_failed error=%s", exc.message)
+            event(log, "upload.sweep_failed", logging.WARNING, error=exc.message)
             continue
         if aborted:
-            log.info("upload_sweep aborted=%d", aborted)
+            event(log, "upload.sweep", aborted=aborted)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

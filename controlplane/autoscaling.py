@@ -38,6 +38,7 @@ from controlplane.persistence.rows import DeploymentRow, NodeRow, utcnow
 from controlplane.rollouts.comparison import histogram_quantile
 from controlplane.traffic import FleetSample, Window, live_sample, windows
 from weightship.errors import TemporaryError
+from weightship.logs import event
 
 __all__ = ["SIGNAL_WINDOW_SECONDS", "AutoscalingCollector", "staged_capacity"]
 
@@ -88,7 +89,7 @@ class AutoscalingCollector(Collector):
                     session, [n for n, _ in deployments], SIGNAL_WINDOW_SECONDS, now, self._stale_seconds, live
                 )
         except TemporaryError as err:
-            log.warning("autoscaling_metrics_unavailable error=%r", err.message)
+            event(log, "autoscaling.metrics_unavailable", logging.WARNING, error=err.message)
             return
         yield from _traffic_families(live, found)
         serving = GaugeMetricFamily(

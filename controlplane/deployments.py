@@ -51,6 +51,7 @@ from weightship.errors import (
     PreconditionRequired,
     ValidationError,
 )
+from weightship.logs import event
 from weightship.schemas import (
     Deployment,
     DeploymentCreate,
@@ -197,7 +198,7 @@ def _stale(state: AppState, name: str, expected: int, current: int | None) -> Pr
     of stale writers used to exhaust the pool and stall the whole API.
     """
     state.metrics.pointer_conflicts.labels(deployment=name).inc()
-    log.info("pointer_cas_lost deployment=%s expected_epoch=%d current_epoch=%s", name, expected, current)
+    event(log, "pointer.cas_lost", deployment=name, expected_epoch=expected, current_epoch=current)
     return PreconditionFailed(
         f"deployment {name!r} is at epoch {current} (ETag {etag(current or 0)}), not {expected}: someone changed it; "
         "GET it again, re-apply your change and retry",
@@ -274,10 +275,17 @@ def change_pointer(
     if not won:
         raise _stale(state, name, expected, current)
     state.metrics.pointer_changes.labels(deployment=name, action=action).inc()
-    log.info(
-        "pointer_changed deployment=%s epoch=%d action=%s actor=%s stable=%s canary=%s share=%s",
-        name, expected + 1, action, actor, after.stable, after.canary, after.canary_share,
-    )  # fmt: skip
+    event(
+        log,
+        "pointer.changed",
+        deployment=name,
+        epoch=expected + 1,
+        action=action,
+        actor=actor,
+        stable=after.stable,
+        canary=after.canary,
+        share=after.canary_share,
+    )
     return Deployment(
         name=name,
         model=model,
@@ -414,7 +422,7 @@ def new_deployment(state: AppState, body: DeploymentCreate) -> Deployment:
                 code="deployment_exists",
                 fields={"deployment": body.name},
             ) from err
-    log.info("deployment_created deployment=%s model=%s", body.name, body.model)
+    event(log, "deployment.created", deployment=body.name, model=body.model)
     return to_schema(row)
 
 

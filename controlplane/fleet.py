@@ -68,6 +68,7 @@ from controlplane.tokens import active_node_token, mint_node_token
 from weightship.addresses import check_peer_address
 from weightship.digests import sha256_hex
 from weightship.errors import ConflictError, ForbiddenError, NotFoundError, ValidationError
+from weightship.logs import event
 from weightship.schemas import (
     DeploymentAssignment,
     DeploymentStatus,
@@ -173,7 +174,7 @@ def _report(row: NodeRow) -> NodeHeartbeat:
         return NodeHeartbeat.model_validate(row.report or {})
     except ValueError:
         # A report stored by an older agent that no longer parses: show the node, not its report.
-        log.warning("node_report_unreadable node=%s", row.name)
+        event(log, "node.report_unreadable", logging.WARNING, node=row.name)
         return NodeHeartbeat()
 
 
@@ -258,11 +259,11 @@ def register_node(
                 if attempt:
                     raise
                 continue
-            log.info("node_registered node=%s node_id=%s new=%s role=%s", row.name, row.id, created, row.role)
+            event(log, "node.registered", node=row.name, node_id=row.id, new=created, role=row.role)
             info = _node_info(row, now, state.settings.node_stale_seconds)
             if minted is None:
                 return info
-            log.info("node_enrolled node=%s node_id=%s token_id=%s by=%s", row.name, row.id, minted[0], enrol_by)
+            event(log, "node.enrolled", node=row.name, node_id=row.id, token_id=minted[0], by=enrol_by)
             return NodeEnrolment(node=info, token_id=minted[0], token=minted[1])
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -277,8 +278,15 @@ def _enrolment_scope(session: Session, token_id: str | None, body: NodeRegistrat
         return None
     bound = token.node_role or "node"
     if body.role != bound:
-        log.warning("node_enrol_role_refused node=%s role=%s token_id=%s token_role=%s", body.name, body.role,
-                    token.id, bound)  # fmt: skip
+        event(
+            log,
+            "node.enrol_role_refused",
+            logging.WARNING,
+            node=body.name,
+            role=body.role,
+            token_id=token.id,
+            token_role=bound,
+        )
         raise ForbiddenError(
             f"enrolment token {token.name!r} enrols nodes of role {bound!r}, not {body.role!r}: a role is bound "
             f"to the token minted for it; an admin mints one ('weightship token create NAME --role agent "
@@ -300,14 +308,14 @@ def _keep_enrolled(row: NodeRow, body: NodeRegistration) -> None:
         )
     labels = body.labels.model_dump(mode="json")
     if labels != (row.labels or {}):
-        log.warning("node_labels_fixed node=%s node_id=%s action=kept_enrolled_labels", row.name, row.id)
+        event(log, "node.labels_fixed", logging.WARNING, node=row.name, node_id=row.id, action="kept_enrolled_labels")
 
 
 def _enrol(session: Session, row: NodeRow, by: str, proposed: str | None) -> tuple[str, str]:
     """Mint ``row``'s node token unless it has an active one (409); returns (token id, secret)."""
     held = active_node_token(session, row.id)
     if held is not None:
-        log.warning("node_enrol_refused node=%s node_id=%s held_by_token=%s by=%s", row.name, row.id, held.id, by)
+        event(log, "node.enrol_refused", logging.WARNING, node=row.name, node_id=row.id, held_by_token=held.id, by=by)
         raise ConflictError(
             f"node {row.name!r} is already enrolled (node token {held.id}); its agent re-registers with that "
             f"token. If the machine was replaced or lost its data directory, an admin revokes the old token "
@@ -325,7 +333,7 @@ def assign_node(state: AppState, node_id: str, deployments: list[str] | None, by
             raise unknown_node(node_id)
         row.assigned = None if deployments is None else list(dict.fromkeys(deployments))
         session.commit()
-        log.info("node_assigned node=%s node_id=%s deployments=%s by=%s", row.name, row.id, row.assigned, by)
+        event(log, "node.assigned", node=row.name, node_id=row.id, deployments=row.assigned, by=by)
         return _node_info(row, utcnow(), state.settings.node_stale_seconds)
 
 
@@ -339,7 +347,7 @@ def assign_deployment(state: AppState, name: str, selector: dict[str, str] | Non
                                 code="deployment_not_found", fields={"deployment": name})  # fmt: skip
         row.assign_selector = None if items is None else dict(items)
         session.commit()
-    log.info("deployment_assigned deployment=%s selector=%s by=%s", name, selector, by)
+    event(log, "deployment.assigned", deployment=name, selector=selector, by=by)
     return DeploymentAssignment(selector=None if items is None else dict(items))
 
 
@@ -356,7 +364,7 @@ def _log_corrupt_origins(state: AppState, node: str, body: NodeHeartbeat) -> Non
     found = _corrupt_origins(body)
     seen = state.fleet.corrupt_origins_logged
     for digest, blob, chunk in sorted(found - seen.get(node, set()), key=str):
-        log.error("origin_blob_corrupt node=%s version=%s blob=%s chunk_index=%s", node, digest, blob, chunk)
+        event(log, "origin.blob_corrupt", logging.ERROR, node=node, version=digest, blob=blob, chunk_index=chunk)
     if found:
         seen[node] = found
     else:

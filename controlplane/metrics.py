@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.persistence.engine import database_errors
 from controlplane.persistence.rows import DeploymentRow, NodeRow, utcnow
 from weightship.errors import TemporaryError
+from weightship.logs import event
 
 __all__ = ["ControlPlaneMetrics", "FleetCollector", "create_metrics"]
 
@@ -62,7 +63,7 @@ class FleetCollector(Collector):
                 epochs = session.execute(select(DeploymentRow.name, DeploymentRow.epoch)).all()
         except TemporaryError as err:
             # The counters still scrape; the alert on weightship_database_up says why the gauges are gone.
-            log.warning("metrics_database_unavailable error=%r", err.message)
+            event(log, "metrics.database_unavailable", logging.WARNING, error=err.message)
             up.add_metric([], 0)
             yield up
             return

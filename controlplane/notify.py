@@ -33,6 +33,8 @@ from collections.abc import Callable
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from weightship.logs import event
+
 __all__ = ["CHANNEL", "DEPLOYMENTS", "RESYNC", "STAGING", "ChangeFeed", "token_topic"]
 
 log = logging.getLogger(__name__)
@@ -111,14 +113,14 @@ class ChangeFeed:
                     {"channel": CHANNEL, "payload": f"{self._origin}|{topic}"},
                 )
         except Exception as exc:  # why: the change is committed; peers resync within RECHECK_SECONDS
-            log.warning("change_announce_failed topic=%s error=%s", topic, exc)
+            event(log, "change.announce_failed", logging.WARNING, topic=topic, error=exc)
 
     def _deliver(self, topic: str) -> None:
         for listener in self._listeners:
             try:
                 listener(topic)
             except Exception:  # why: one listener's bug must not starve the others
-                log.exception("change_listener_failed topic=%s", topic)
+                event(log, "change.listener_failed", logging.ERROR, topic=topic, exc_info=True)
 
     def _received(self, payload: str) -> None:
         origin, _, topic = payload.partition("|")
@@ -135,7 +137,7 @@ class ChangeFeed:
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     if failures:
-                        log.info("change_feed_reconnected after_failures=%d", failures)
+                        event(log, "change.feed_reconnected", after_failures=failures)
                     failures = 0
                     self._connected.set()
                     # Anything announced while we were not listening is unknown: start afresh.
@@ -149,5 +151,12 @@ class ChangeFeed:
             except Exception as exc:  # why: psycopg and OS errors alike: reconnect
                 delay = _RECONNECT_SECONDS[min(failures, len(_RECONNECT_SECONDS) - 1)]
                 failures += 1
-                log.warning("change_feed_disconnected error=%s retry_in=%.1f attempt=%d", exc, delay, failures)
+                event(
+                    log,
+                    "change.feed_disconnected",
+                    logging.WARNING,
+                    error=exc,
+                    retry_in=f"{delay:.1f}",
+                    attempt=failures,
+                )
                 await asyncio.sleep(delay)

@@ -33,6 +33,7 @@ from controlplane.signatures import check_serving
 from controlplane.staging import STAGING_ROLE, check_selector, matches
 from controlplane.state import AppState
 from weightship.errors import ConflictError, NotFoundError
+from weightship.logs import event
 from weightship.schemas import Deployment, NodeHeartbeat, Preheat, PreheatCreate, VersionState, WarmPool
 
 __all__ = [
@@ -109,10 +110,15 @@ def create_preheat(state: AppState, deployment: str, body: PreheatCreate, actor:
             created_by=actor,
         )
         session.add(preheat)
-    log.info(
-        "preheat_created deployment=%s preheat=%s version=%s selector=%s by=%s",
-        deployment, preheat.id, digest, ",".join(f"{k}={v}" for k, v in selector) or "*", actor,
-    )  # fmt: skip
+    event(
+        log,
+        "preheat.created",
+        deployment=deployment,
+        preheat=preheat.id,
+        version=digest,
+        selector=",".join(f"{k}={v}" for k, v in selector) or "*",
+        by=actor,
+    )
     return _schema(preheat), True
 
 
@@ -167,7 +173,7 @@ def cancel_preheat(state: AppState, deployment: str, preheat_id: str) -> None:
                 fields={"deployment": deployment, "preheat": preheat_id},
             )
         session.delete(row)
-    log.info("preheat_cancelled deployment=%s preheat=%s", deployment, preheat_id)
+    event(log, "preheat.cancelled", deployment=deployment, preheat=preheat_id)
 
 
 def set_warm_pool(state: AppState, deployment: str, pool: WarmPool | None, actor: str) -> Deployment:
@@ -177,10 +183,13 @@ def set_warm_pool(state: AppState, deployment: str, pool: WarmPool | None, actor
         row = load_deployment(session, deployment)
         row.warm_pool = dict(selector) if selector is not None else None
         preheated = preheated_digests(session, deployment).get(deployment, [])
-    log.info(
-        "warm_pool_set deployment=%s selector=%s by=%s",
-        deployment, "none" if selector is None else ",".join(f"{k}={v}" for k, v in selector) or "*", actor,
-    )  # fmt: skip
+    event(
+        log,
+        "warm_pool.set",
+        deployment=deployment,
+        selector="none" if selector is None else ",".join(f"{k}={v}" for k, v in selector) or "*",
+        by=actor,
+    )
     return to_schema(row, preheated)
 
 

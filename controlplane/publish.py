@@ -85,6 +85,7 @@ from weightship.errors import (
     StoreError,
     WeightshipError,
 )
+from weightship.logs import event
 from weightship.manifest import MAX_MANIFEST_BYTES, FileEntry, Manifest, canonical_json, parse_manifest
 from weightship.schemas import BlobUpload, PartUpload, UploadCreate, UploadSession, VersionInfo
 
@@ -325,7 +326,7 @@ def open_session(state: AppState, principal: Principal, create: UploadCreate) ->
             row.allow_pickle = allow_pickle
             row.expires_at = now + ttl
             session.commit()
-            log.info("upload_resumed session=%s model=%s digest=%s", row.id, row.model, row.digest)
+            event(log, "upload.resumed", session=row.id, model=row.model, digest=row.digest)
             return _view(state, row, manifest, done, now), False
     uploads = {} if ready else _begin_uploads(store, manifest, known)
     row = UploadSessionRow(
@@ -348,13 +349,14 @@ def open_session(state: AppState, principal: Principal, create: UploadCreate) ->
     except WeightshipError:
         _abort_all(store, uploads, best_effort=True)
         raise
-    log.info(
-        "upload_opened session=%s model=%s digest=%s blobs_missing=%d by=%s",
-        row.id,
-        row.model,
-        row.digest,
-        len(uploads),
-        principal.name,
+    event(
+        log,
+        "upload.opened",
+        session=row.id,
+        model=row.model,
+        digest=row.digest,
+        blobs_missing=len(uploads),
+        by=principal.name,
     )
     return _view(state, row, manifest, {}, now), True
 
@@ -370,7 +372,7 @@ def _abort_all(store: OriginStore, uploads: Mapping[str, str], best_effort: bool
         except WeightshipError as err:
             if not best_effort:
                 raise
-            log.warning("upload_abort_failed blob=%s upload=%s error=%r", sha, upload_id, err.message)
+            event(log, "upload.abort_failed", logging.WARNING, blob=sha, upload=upload_id, error=err.message)
 
 
 def _abort(state: AppState, row: UploadSessionRow, reason: str) -> None:
@@ -384,7 +386,7 @@ def _abort(state: AppState, row: UploadSessionRow, reason: str) -> None:
         )
         session.commit()
     row.state = "aborted"
-    log.info("upload_aborted session=%s digest=%s reason=%s", row.id, row.digest, reason)
+    event(log, "upload.aborted", session=row.id, digest=row.digest, reason=reason)
 
 
 def sweep_expired_uploads(state: AppState, now: datetime | None = None, limit: int = 500) -> int:
@@ -406,7 +408,7 @@ def sweep_expired_uploads(state: AppState, now: datetime | None = None, limit: i
             _abort(state, row, "expired")
             swept += 1
         except WeightshipError as err:
-            log.warning("upload_sweep_failed session=%s error=%r", row.id, err.message)
+            event(log, "upload.sweep_failed", logging.WARNING, session=row.id, error=err.message)
     return swept
 
 
@@ -469,7 +471,7 @@ def _publish_blobs(
             store.abort_upload(sha, upload_id)
         if sha in known:
             return None
-        log.info("blob_verifying blob=%s path=%s chunk_size=%d bytes=%d", sha, entry.path, chunk_size, entry.size)
+        event(log, "blob.verifying", blob=sha, path=entry.path, chunk_size=chunk_size, bytes=entry.size)
         verify_stored(store, entry, chunk_size)
         return entry
 
@@ -537,14 +539,15 @@ def commit_session(
     except BaseException:
         _stop_verifying(state, row)
         raise
-    log.info(
-        "version_committed session=%s model=%s digest=%s labels=%s verified_blobs=%d by=%s",
-        row.id,
-        manifest.model,
-        manifest.digest,
-        ",".join(labels),
-        len(verified),
-        principal.name,
+    event(
+        log,
+        "version.committed",
+        session=row.id,
+        model=manifest.model,
+        digest=manifest.digest,
+        labels=",".join(labels),
+        verified_blobs=len(verified),
+        by=principal.name,
     )
     return info
 

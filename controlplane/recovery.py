@@ -46,6 +46,7 @@ from controlplane.persistence.store import OriginStore, provenance_key, store_fr
 from controlplane.persistence.store.origin import BLOBS, LABELS, MANIFESTS
 from controlplane.registry import as_utc, pickle_files
 from weightship.errors import ConflictError, ManifestError, NotFoundError, WeightshipError
+from weightship.logs import event
 from weightship.manifest import MAX_MANIFEST_BYTES, Manifest, manifest_bytes_match, parse_manifest
 
 __all__ = ["RecoveryReport", "main", "rebuild_index"]
@@ -171,13 +172,14 @@ def rebuild_index(store: OriginStore, sessions: sessionmaker[Any]) -> RecoveryRe
             )
         session.commit()
     report.models, report.versions, report.labels = len(models), len(versions), len(labels)
-    log.info(
-        "index_rebuilt store=%r models=%d versions=%d labels=%d skipped=%d",
-        store.describe(),
-        report.models,
-        report.versions,
-        report.labels,
-        len(report.skipped),
+    event(
+        log,
+        "index.rebuilt",
+        store=store.describe(),
+        models=report.models,
+        versions=report.versions,
+        labels=report.labels,
+        skipped=len(report.skipped),
     )
     return report
 

@@ -42,6 +42,7 @@ from controlplane.pacing import Waker
 from controlplane.persistence.rows import DeploymentRow, NodeRow
 from controlplane.staging import StagingView, read_view
 from weightship.errors import NotFoundError
+from weightship.logs import event
 from weightship.schemas import StagedVersion
 
 __all__ = [
@@ -265,7 +266,7 @@ class Snapshots:
             try:
                 await self.refresh()
             except Exception as exc:  # why: polls keep their snapshot; the recheck retries
-                log.warning("snapshot_refresh_failed error=%s", exc)
+                event(log, "snapshot.refresh_failed", logging.WARNING, error=exc)
                 return
 
     def _store(self, name: str, row: DeploymentRow | None) -> None:

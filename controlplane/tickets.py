@@ -57,6 +57,7 @@ from controlplane.persistence.store import manifest_key
 from controlplane.staging import matches, staged_digests
 from controlplane.state import AppState, SigningKeys
 from weightship.errors import ForbiddenError, NotFoundError
+from weightship.logs import event
 from weightship.manifest import MAX_MANIFEST_BYTES, parse_manifest
 from weightship.schemas import TicketGrant
 from weightship.tickets import (
@@ -113,7 +114,7 @@ def _load_or_create(state: AppState) -> SigningKeys:
             )
             try:
                 session.commit()
-                log.info("ticket_key_created kid=%s", kid)
+                event(log, "ticket.key_created", kid=kid)
             except exc.IntegrityError:  # pragma: no cover - a 64-bit key-id collision
                 session.rollback()
             rows = _read_keys(session)
@@ -227,7 +228,7 @@ def issue_ticket(
         name, role, address = node.name, node.role, node.address
     refused = [v for v in wanted if v not in entitled or v not in ready]
     if refused:
-        log.warning("ticket_refused node=%s role=%s refused=%s", name, role, ",".join(refused))
+        event(log, "ticket.refused", logging.WARNING, node=name, role=role, refused=",".join(refused))
         raise ForbiddenError(
             f"node {name!r} (role {role}) is not entitled to {', '.join(refused)}: a node gets tickets only for "
             "ready versions that a pointer of a deployment it registered for and was assigned names (a cache: any "
@@ -246,8 +247,7 @@ def issue_ticket(
         addr=address,
     )
     token = sign_ticket(keys.private, ticket)
-    log.info("ticket_issued node=%s versions=%d audience=%s kid=%s exp=%d", name, len(wanted), audience, keys.kid,
-             ticket.exp)  # fmt: skip
+    event(log, "ticket.issued", node=name, versions=len(wanted), audience=audience, kid=keys.kid, exp=ticket.exp)
     return TicketGrant(
         ticket=token,
         node=name,

@@ -34,6 +34,7 @@ from controlplane.notify import token_topic
 from controlplane.persistence.rows import NodeRow, TokenRow, utcnow
 from controlplane.state import AppState
 from weightship.errors import ConflictError, ValidationError
+from weightship.logs import event
 from weightship.schemas import Role, TokenInfo
 
 __all__ = [
@@ -97,7 +98,7 @@ def read_bootstrap_dir(directory: str) -> list[tuple[Role, str]]:
         if secret:
             found.append((role, secret))
         elif path.exists():
-            log.warning("bootstrap_token_empty path=%s action=ignored", path)
+            event(log, "bootstrap.token_empty", logging.WARNING, path=path, action="ignored")
     return found
 
 
@@ -105,18 +106,27 @@ def _store_bootstrap(state: AppState, role: Role, secret: str, node_role: str | 
     name = f"bootstrap-{node_role or role.value}"
     if len(secret) < _MIN_BOOTSTRAP_LENGTH:
         # Warn rather than refuse: local demos use short tokens; production should not.
-        log.warning(
-            "bootstrap_token_weak name=%s length=%d advice=use_at_least_%d_random_chars",
-            name,
-            len(secret),
-            _MIN_BOOTSTRAP_LENGTH,
+        event(
+            log,
+            "bootstrap.token_weak",
+            logging.WARNING,
+            name=name,
+            length=len(secret),
+            advice=f"use_at_least_{_MIN_BOOTSTRAP_LENGTH}_random_chars",
         )
     digest = hash_secret(secret)
     with state.sessions() as session:
         existing = session.scalars(select(TokenRow).where(TokenRow.secret_hash == digest)).first()
         if existing is not None:
             if existing.revoked:
-                log.warning("bootstrap_token_revoked name=%s token_id=%s action=left_revoked", name, existing.id)
+                event(
+                    log,
+                    "bootstrap.token_revoked",
+                    logging.WARNING,
+                    name=name,
+                    token_id=existing.id,
+                    action="left_revoked",
+                )
             return
         session.add(
             TokenRow(
@@ -136,7 +146,7 @@ def _store_bootstrap(state: AppState, role: Role, secret: str, node_role: str | 
             # Another replica stored the same hash first: the outcome we wanted.
             session.rollback()
             return
-    log.info("bootstrap_token_stored name=%s role=%s", name, role.value)
+    event(log, "bootstrap.token_stored", name=name, role=role.value)
 
 
 def active_node_token(session: Session, node_id: str) -> TokenRow | None:

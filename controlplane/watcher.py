@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane import snapshot
 from controlplane.state import AppState
+from weightship.logs import event
 
 __all__ = ["watching"]
 
@@ -31,7 +32,7 @@ async def _recheck_forever(state: AppState) -> None:
         try:
             await run_in_threadpool(state.tokens.recheck, state.sessions)
         except Exception as exc:  # why: a database hiccup; the next round tries again
-            log.warning("token_recheck_failed error=%s", exc)
+            event(log, "token.recheck_failed", logging.WARNING, error=exc)
 
 
 @contextlib.asynccontextmanager

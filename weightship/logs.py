@@ -1,7 +1,8 @@
 """Structured logs for every component: one event name, then ``key=value`` fields.
 
-Every line the agent logs reads ``<event> key=value key=value``; values with spaces, quotes or
-``=`` are JSON-quoted so a line always splits back into its fields. Nothing formats state into
+Every line a component logs reads ``<event> key=value key=value``; values with spaces, quotes or
+``=`` (anything outside a plain set of characters) are JSON-quoted, so a line always splits back
+into its fields: ``parse_fields`` is the inverse of ``format_fields``. Nothing formats state into
 prose, so logs stay greppable (``grep fetch.chunk_rejected``) and machine-readable.
 """
 
@@ -12,7 +13,7 @@ import logging
 import sys
 from typing import TextIO
 
-__all__ = ["configure", "event", "format_fields"]
+__all__ = ["configure", "event", "format_fields", "parse_fields"]
 
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-+@,")
 
@@ -31,10 +32,46 @@ def format_fields(name: str, fields: dict[str, object]) -> str:
     return " ".join(parts)
 
 
+def parse_fields(line: str) -> tuple[str, dict[str, str]]:
+    """The event name and fields of a ``format_fields`` line, values unquoted: its inverse.
+
+    Raises ``ValueError`` for a line that did not come from ``format_fields``.
+    """
+    name, _, rest = line.partition(" ")
+    if not name or "=" in name or '"' in name:
+        raise ValueError(f"not a structured log line (no event name first): {line!r}")
+    fields: dict[str, str] = {}
+    decoder = json.JSONDecoder()
+    at = 0
+    while at < len(rest):
+        key, eq, _ = rest[at:].partition("=")
+        if not eq or not key or " " in key or '"' in key:
+            raise ValueError(f"not a structured log line (expected key=value at {rest[at:]!r}): {line!r}")
+        at += len(key) + 1
+        if rest.startswith('"', at):
+            value, at = decoder.raw_decode(rest, at)
+            if not isinstance(value, str):
+                raise ValueError(f"not a structured log line (quoted value is not a string): {line!r}")
+        else:
+            end = rest.find(" ", at)
+            end = len(rest) if end < 0 else end
+            value = rest[at:end]
+            if not value or any(ch not in _PLAIN for ch in value):
+                raise ValueError(f"not a structured log line (unquoted value {value!r}): {line!r}")
+            at = end
+        fields[key] = value
+        if at < len(rest):
+            if rest[at] != " ":
+                raise ValueError(f"not a structured log line (no space after {key}=): {line!r}")
+            at += 1
+    return name, fields
+
+
 def event(logger: logging.Logger, name: str, level: int = logging.INFO, /, **fields: object) -> None:
-    """Log one structured event."""
+    """Log one structured event; ``exc_info=True`` (not a field) adds the traceback of the exception being handled."""
+    exc_info = bool(fields.pop("exc_info", False))
     if logger.isEnabledFor(level):
-        logger.log(level, "%s", format_fields(name, fields))
+        logger.log(level, "%s", format_fields(name, fields), exc_info=exc_info)
 
 
 def configure(level: str = "info", stream: TextIO | None = None, root: str = "agent") -> None:

@@ -32,6 +32,7 @@ from controlplane.http.problems import PROBLEM_MEDIA_TYPE, problem_bytes
 from controlplane.publish import MAX_REQUEST_BYTES
 from weightship.chunks import MAX_CHUNK_SIZE
 from weightship.errors import PayloadTooLarge
+from weightship.logs import event
 
 __all__ = ["ROUTE_LIMITS", "BodyLimit", "RouteLimit"]
 
@@ -130,7 +131,7 @@ class BodyLimit:
                 raise
         if exceeded:
             if started:
-                log.warning("body_limit_after_response method=%s path=%s", scope["method"], scope["path"])
+                event(log, "body_limit.after_response", logging.WARNING, method=scope["method"], path=scope["path"])
                 return
             await _drain(receive)
             await _refuse(send, scope, max_bytes, what, f"sent more than {max_bytes} bytes")
@@ -156,7 +157,15 @@ async def _refuse(send: Send, scope: Scope, max_bytes: int, what: str, how: str)
         f"{what} to {scope['method']} {scope['path']} may be at most {max_bytes} bytes and this request {how}; "
         "nothing of it was kept: send a smaller body"
     )
-    log.warning("body_too_large method=%s path=%s limit=%d detail=%r", scope["method"], scope["path"], max_bytes, how)
+    event(
+        log,
+        "body_limit.too_large",
+        logging.WARNING,
+        method=scope["method"],
+        path=scope["path"],
+        limit=max_bytes,
+        detail=how,
+    )
     body = problem_bytes(PayloadTooLarge.status_code, PayloadTooLarge.code, message, scope["path"])
     await send(
         {

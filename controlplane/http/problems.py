@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controlplane.persistence.engine import database_errors
 from weightship.errors import Field, WeightshipError
+from weightship.logs import event
 from weightship.problems import PROBLEM_MEDIA_TYPE, error_problem, problem_document, status_title
 
 __all__ = ["PROBLEM_MEDIA_TYPE", "Problem", "document", "errors", "install", "problem_bytes", "problem_response"]
@@ -105,7 +106,7 @@ def install(app: FastAPI) -> None:
             with database_errors(f"{request.method} {request.url.path}"):
                 raise err
         except WeightshipError as mapped:
-            log.warning("database_unavailable path=%s error=%s", request.url.path, type(err).__name__)
+            event(log, "database.unavailable", logging.WARNING, path=request.url.path, error=type(err).__name__)
             return _from_error(request, mapped)
 
     for failure in (exc.OperationalError, exc.InterfaceError, exc.TimeoutError):
@@ -137,7 +138,15 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
-        log.exception("request_failed method=%s path=%s error=%s", request.method, request.url.path, type(err).__name__)
+        event(
+            log,
+            "request.failed",
+            logging.ERROR,
+            method=request.method,
+            path=request.url.path,
+            error=type(err).__name__,
+            exc_info=True,
+        )
         detail = (
             f"the control plane failed on {request.method} {request.url.path} ({type(err).__name__}); "
             "this is a bug: check the control plane's log, then retry"

@@ -42,6 +42,7 @@ from controlplane.registry import (
 from controlplane.tickets import entitled_blobs
 from weightship.digests import is_hex
 from weightship.errors import ConflictError, ForbiddenError, NotFoundError
+from weightship.logs import event
 from weightship.manifest import (
     MAX_MANIFEST_BYTES,
     check_manifest_bytes,
@@ -188,7 +189,7 @@ def add_label(
         except exc.IntegrityError:
             session.rollback()
             check_labels_free(session, model, body.digest, [body.label])
-        log.info("label_added model=%s label=%s digest=%s by=%s", model, body.label, body.digest, principal.name)
+        event(log, "label.added", model=model, label=body.label, digest=body.digest, by=principal.name)
         response.status_code = 201
         return version_info(session, resolve_version(session, model, body.digest))
 
@@ -206,7 +207,14 @@ def blob_urls(
     if principal.role == Role.agent and principal.node_id is not None:
         refused = sorted(set(body.blobs) - entitled_blobs(state, principal.node_id))
         if refused:
-            log.warning("blob_urls_refused node=%s refused=%d first=%s", principal.node_name, len(refused), refused[0])
+            event(
+                log,
+                "blob.urls_refused",
+                logging.WARNING,
+                node=principal.node_name,
+                refused=len(refused),
+                first=refused[0],
+            )
             raise ForbiddenError(
                 f"node {principal.node_name!r} is not entitled to blob {refused[0]}"
                 + (f" and {len(refused) - 1} more" if len(refused) > 1 else "")

@@ -14,6 +14,7 @@ from controlplane.http.problems import errors
 from controlplane.persistence.rows import TokenRow
 from controlplane.tokens import announce_revoked, new_token_row, token_info
 from weightship.errors import NotFoundError, ValidationError
+from weightship.logs import event
 from weightship.schemas import Role, TokenCreate, TokenCreated, TokenInfo
 
 __all__ = ["router"]
@@ -41,8 +42,16 @@ def create_token(
     with state_of(request).sessions() as session:
         session.add(row)
         session.commit()
-    log.info("token_created token_id=%s name=%r role=%s deployments=%s node_role=%s by=%s", row.id, row.name,
-             row.role, row.deployments, row.node_role, principal.name)  # fmt: skip
+    event(
+        log,
+        "token.created",
+        token_id=row.id,
+        name=row.name,
+        role=row.role,
+        deployments=row.deployments,
+        node_role=row.node_role,
+        by=principal.name,
+    )
     return TokenCreated(id=row.id, name=row.name, role=body.role, token=secret)
 
 
@@ -77,5 +86,5 @@ def revoke_token(token_id: str, request: Request, principal: Principal = Depends
     if getattr(result, "rowcount", 0) == 0:
         raise NotFoundError(f"no active token with id {token_id!r}; list tokens with GET /v1/tokens")
     announce_revoked(state_of(request), token_id)
-    log.info("token_revoked token_id=%s by=%s", token_id, principal.name)
+    event(log, "token.revoked", token_id=token_id, by=principal.name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.persistence.engine import database_errors
 from weightship.errors import DatabaseUnavailable
+from weightship.logs import event
 
 __all__ = ["MAX_BATCH", "GroupCommit"]
 
@@ -114,7 +115,14 @@ class GroupCommit(Generic[T, R]):
                     future.set_exception(DatabaseUnavailable(f"{self._what}: the control plane is stopping; retry"))
             raise
         except Exception as err:  # every member is answered with the batch's failure
-            log.warning("group_commit_failed what=%s items=%d error=%s", self._what, len(items), type(err).__name__)
+            event(
+                log,
+                "group_commit.failed",
+                logging.WARNING,
+                what=self._what,
+                items=len(items),
+                error=type(err).__name__,
+            )
             for _item, future in batch:
                 if not future.done():
                     future.set_exception(_for_member(err))

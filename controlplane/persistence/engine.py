@@ -22,11 +22,13 @@ from urllib.parse import quote
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import create_engine, event, exc
+from sqlalchemy import create_engine, exc
+from sqlalchemy import event as sql_events
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from weightship.errors import DatabaseUnavailable
+from weightship.logs import event
 
 __all__ = [
     "DatabaseFileGuard",
@@ -75,7 +77,7 @@ class DatabaseFileGuard:
         if now == self.identity:
             return
         what = "was deleted" if now is None else "was replaced by another file"
-        log.error("database_file_lost path=%s change=%s", self.path, "deleted" if now is None else "replaced")
+        event(log, "database.file_lost", logging.ERROR, path=self.path, change="deleted" if now is None else "replaced")
         raise DatabaseUnavailable(
             f"SQLite database {self.path} {what} while the control plane was running; nothing more is written to "
             "it: restore the database file (from a backup) and restart the control plane",
@@ -103,22 +105,22 @@ def _sqlite_engine(url: str, lock_timeout: float, pool_timeout: float, pool_size
         file_guard = guard
         uri = f"file:{quote(str(file_guard.path))}?mode=rw"
 
-        @event.listens_for(engine, "do_connect")
+        @sql_events.listens_for(engine, "do_connect")
         def _open_existing_only(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
             # mode=rw: a deleted file is an error, never silently a new empty database
             file_guard.check()
             cargs[:] = [uri]
             cparams["uri"] = True
 
-        @event.listens_for(engine, "checkout")
+        @sql_events.listens_for(engine, "checkout")
         def _check_file_on_checkout(_dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
             file_guard.check()
 
-        @event.listens_for(engine, "commit")
+        @sql_events.listens_for(engine, "commit")
         def _check_file_on_commit(_conn: Any) -> None:
             file_guard.check()
 
-    @event.listens_for(engine, "connect")
+    @sql_events.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
@@ -204,7 +206,7 @@ _TALLIES: weakref.WeakKeyDictionary[Engine, _Tally] = weakref.WeakKeyDictionary(
 def _count_queries(engine: Engine) -> None:
     tally = _TALLIES[engine] = _Tally()
 
-    @event.listens_for(engine, "before_cursor_execute")
+    @sql_events.listens_for(engine, "before_cursor_execute")
     def _counted(*_args: Any) -> None:
         with tally.lock:
             tally.value += 1

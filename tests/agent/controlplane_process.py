@@ -40,6 +40,8 @@ class ControlPlaneProcess:
         #: SQLite under ``workdir`` unless another database (PostgreSQL, shared by replicas) is named
         self.database_url = database_url or f"sqlite:///{self.database}"
         self.log_path = workdir / "controlplane.log"
+        #: its ``--log-level``; quiet unless a test reads what it logs
+        self.log_level = "warning"
         self.proc: subprocess.Popen[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
 
@@ -54,7 +56,7 @@ class ControlPlaneProcess:
             "WEIGHTSHIP_URL_SIGNING_KEY": "agent-tests-signing-key",
             "WEIGHTSHIP_NODE_STALE_SECONDS": "10",
         }
-        argv = [sys.executable, "-m", "controlplane", "serve", "--port", str(self.port), "--log-level", "warning"]
+        argv = [sys.executable, "-m", "controlplane", "serve", "--port", str(self.port), "--log-level", self.log_level]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 

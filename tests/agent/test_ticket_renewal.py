@@ -61,7 +61,7 @@ async def test_a_ticket_is_reused_until_half_its_life_then_renewed(
     caplog.set_level(logging.INFO, logger="controlplane.tickets")
 
     def issued() -> int:
-        return sum("ticket_issued" in r.getMessage() for r in caplog.records)
+        return sum("ticket.issued" in r.getMessage() for r in caplog.records)
 
     try:
         first = await keeper.ticket_for([digests["v1"]])

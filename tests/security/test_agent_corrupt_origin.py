@@ -92,7 +92,7 @@ async def test_a_corrupt_origin_chunk_is_fetched_a_bounded_number_of_times_and_r
     assert seen_after.last_seen is not None
     assert seen_after.last_seen > seen_before.last_seen, "the node kept reporting meanwhile"
     # The control plane logs the bad origin copy once, not with every heartbeat.
-    assert fleet.cp.log().count(f"origin_blob_corrupt node=node-rot version={v2.digest} blob={weights.sha256}") == 1
+    assert fleet.cp.log().count(f"origin.blob_corrupt node=node-rot version={v2.digest} blob={weights.sha256}") == 1
     view = await agent.deployment()
     assert view is not None
     assert (view.digest, view.ready) == (v1.digest, True), "the node keeps serving v1"

@@ -41,6 +41,7 @@ from controlplane.persistence.store.origin import (
 from controlplane.persistence.store.parts import StreamVerifier, check_uploaded, composite_checksum
 from weightship.digests import sha256_stream
 from weightship.errors import DiskFullError, IntegrityError, NotFoundError, StoreError, ValidationError
+from weightship.logs import event
 from weightship.manifest import Manifest
 
 __all__ = ["LocalStore"]
@@ -301,7 +302,7 @@ class LocalStore:
             tmp.write_text(f"{part_size} {composite_checksum([p.sha256 for p in parts])}", encoding="ascii")
             os.replace(tmp, record)
         shutil.rmtree(staging, ignore_errors=True)
-        log.info("blob_published store=local blob=%s published=%s", sha256, published)
+        event(log, "blob.published", store="local", blob=sha256, published=published)
         return published
 
     def abort_upload(self, sha256: str, upload_id: str) -> None:

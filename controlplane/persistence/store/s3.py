@@ -70,6 +70,7 @@ from weightship.errors import (
     StoreError,
     ValidationError,
 )
+from weightship.logs import event
 from weightship.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -387,7 +388,7 @@ class S3Store:
         self._verify_staged(sha256, staged, parts, head)
         placed = self._place(sha256, staged, parts, head)
         self._delete(staged, head.etag)
-        log.info("blob_published store=s3 blob=%s parts=%d placed=%s", sha256, len(parts), placed)
+        event(log, "blob.published", store="s3", blob=sha256, parts=len(parts), placed=placed)
         return placed
 
     def _verify_staged(self, sha256: str, staged: str, parts: Sequence[PartSpec], head: BlobStat) -> None:
@@ -404,7 +405,7 @@ class S3Store:
             )
         elif not (covered and len(parts) == 1 and parts[0].sha256 == hex_of(sha256)):
             # A one-part blob whose part checksum is its file digest is covered by S3 already.
-            log.info("blob_verifying store=s3 blob=%s bytes=%d chunks=%s", sha256, head.size, not covered)
+            event(log, "blob.verifying", store="s3", blob=sha256, bytes=head.size, chunks=not covered)
             verifier = StreamVerifier(parts, sha256, chunks=not covered)
             for piece in self._read(staged, head.size, head.etag):
                 verifier.feed(piece)
@@ -414,7 +415,7 @@ class S3Store:
                 problem = exc
         if problem is not None:
             self._delete(staged, head.etag)
-            log.warning("blob_rejected store=s3 blob=%s reason=%r", sha256, problem.message)
+            event(log, "blob.rejected", logging.WARNING, store="s3", blob=sha256, reason=problem.message)
             raise problem
 
     def _place(self, sha256: str, staged: str, parts: Sequence[PartSpec], head: BlobStat) -> bool:
