@@ -49,7 +49,10 @@ def parse_fields(line: str) -> tuple[str, dict[str, str]]:
             raise ValueError(f"not a structured log line (expected key=value at {rest[at:]!r}): {line!r}")
         at += len(key) + 1
         if rest.startswith('"', at):
-            value, at = decoder.raw_decode(rest, at)
+            try:
+                value, at = decoder.raw_decode(rest, at)
+            except json.JSONDecodeError:
+                raise ValueError(f"not a structured log line (bad quoted value of {key}): {line!r}") from None
             if not isinstance(value, str):
                 raise ValueError(f"not a structured log line (quoted value is not a string): {line!r}")
         else:
