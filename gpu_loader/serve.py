@@ -491,6 +491,13 @@ class Server:
         version = await stream.start()
         if version is None:
             return None
+        # The agent renames the staging directory into versions/ once the fetch ends, maybe in the middle
+        # of this load (side files are read again by validation, after the last tensor). A descriptor of
+        # the directory follows it through the rename: the load names it through /proc/self/fd.
+        try:
+            dirfd = os.open(version.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None  # installed already: load it as usual
         follower = asyncio.create_task(stream.run())
 
         def attach(session: StreamingSession) -> None:
@@ -498,8 +505,12 @@ class Server:
             stream.attach(session)
 
         try:
-            prepared = await self.install(version.directory, digest, 0, loader=StreamingLoader(self.loader, attach))
+            through = Path(f"/proc/self/fd/{dirfd}")
+            prepared = await self.install(through, digest, 0, loader=StreamingLoader(self.loader, attach))
+            if prepared.served is not None:
+                prepared.served.directory = Path(os.readlink(through))  # where it is now, for /v1/status
         finally:
+            os.close(dirfd)
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
             for session in stream.sessions:
