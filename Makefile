@@ -26,12 +26,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Starts PostgreSQL and Prometheus (installing Prometheus when missing) for the run and always stops them again.
+# Starts PostgreSQL and Prometheus (installing Prometheus when missing) for the run and always stops them again;
+# installs headless Chromium and its driver (Debian's) when missing, for the status page's browser test.
 unit: $(STAMP)
 	@set -e; trap 'scripts/postgres.sh stop $(PG_DIR); scripts/prometheus.sh stop $(PROM_DIR)' EXIT; \
 	url=$$(scripts/postgres.sh start $(PG_DIR) $(PG_PORT)); \
 	prom=$$(scripts/prometheus.sh start $(PROM_DIR) $(PROM_PORT)); \
-	WEIGHTSHIP_TEST_PG_URL=$$url WEIGHTSHIP_TEST_PROMETHEUS_URL=$$prom WEIGHTSHIP_TEST_PROMETHEUS_TARGETS=$(PROM_DIR)/targets \
+	chromedriver=$$(scripts/chromium.sh); \
+	WEIGHTSHIP_TEST_CHROMEDRIVER=$$chromedriver WEIGHTSHIP_TEST_PG_URL=$$url WEIGHTSHIP_TEST_PROMETHEUS_URL=$$prom WEIGHTSHIP_TEST_PROMETHEUS_TARGETS=$(PROM_DIR)/targets \
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint unit

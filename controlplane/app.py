@@ -56,7 +56,7 @@ async def _sweep_uploads_forever(state: AppState) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application; nothing is opened until start-up."""
-    from controlplane import tokens
+    from controlplane import tokens, ui
     from controlplane.http import deployments, fleet, publish, registry, rollouts
     from controlplane.http import preheats as preheat_routes
     from controlplane.http import signatures as signature_routes
@@ -142,4 +142,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ):
         problems.document(module.router)
         app.include_router(module.router)
+    ui.install(app)
     return app

@@ -33,3 +33,8 @@ class DrainingServer(uvicorn.Server):
             # to the loop (thread-safe, so a loop asleep in select() wakes for it).
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().call_soon_threadsafe(state.snapshots.drain)
+        ui = getattr(self.app.state, "ui", None)  # the status page's parts, made on its first visit
+        if ui is not None:
+            # open /ui/ event streams end too (the browser reconnects to another replica)
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_soon_threadsafe(ui.hub.drain)

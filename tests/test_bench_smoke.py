@@ -75,6 +75,11 @@ BENCHES = [
         ("--nodes", "50", "--wave-rates", "100", "--wave-seconds", "2", "--rates", "100", "--step-seconds", "1", "--idle-seconds", "1"),
         tuple(f"{db}.{key}" for db in ("sqlite", "postgres") for key in HEARTBEAT_KEYS),
     ),
+    Bench(
+        "ui_idle.py",
+        ("--nodes", "50", "--versions", "3", "--pages", "3", "--seconds", "1"),
+        ("queries_many_pages_over_idle", "idle.queries_per_s", "many_pages.queries_per_s", "many_pages.cpu_share", "extra_queries_per_s_many_pages", "page_load_ms"),
+    ),
 ]
 
 #: modules of bench/ that benchmarks import and nobody runs
