@@ -33,6 +33,7 @@ many copies of v1 the origin sent).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -367,6 +368,7 @@ def main() -> None:
         "--canary-weight", type=int, default=25, help="percent of the nodes the canary step moves (at least one must fall in it)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--hold", type=float, default=0.0, help="after the story, keep the control plane and its status page up this many seconds")
     parser.add_argument("--model-dir", type=Path, help="roll out this checkpoint (and variants of it) instead of a generated model")
     parser.add_argument("--analysis", type=Path, help="JSON list of analysis metrics judging each canary (default: built-in)")
     parser.add_argument("--prometheus-targets", type=Path, help="write the model servers here for Prometheus' file_sd")
@@ -417,6 +419,9 @@ def main() -> None:
             # An enrolment token: each agent enrols with it once and then uses its own node token.
             agent_token = root.create_token("demo-enrolment", Role.agent).token
             cache_token = root.create_token("demo-cache-enrolment", Role.agent, node_role="cache").token
+            viewer = root.create_token("demo-viewer", Role.read).token
+        # The status page follows the whole story live (docs/ui.md); it needs a token that may read.
+        console.print(f"status page: {cp_url}/ui/ (sign in with the read token {viewer}; live until the demo ends)")
 
         # 2. Three versions of a real safetensors model; v2 and v3 redraw only the last shard, v3 is broken.
         t0 = time.monotonic()
@@ -649,6 +654,10 @@ def main() -> None:
             "v1_bytes": v1_size,
             "v1_origin_bytes": v1_origin,
         }
+        if args.hold > 0:
+            console.print(f"status page still at {cp_url}/ui/ for {args.hold:.0f} s (Ctrl-C to stop)")
+            with contextlib.suppress(KeyboardInterrupt):
+                time.sleep(args.hold)  # ok-sleep: the person looks at the page meanwhile
         print(json.dumps(figures))
     finally:
         procs.stop()
