@@ -46,7 +46,7 @@ from controlplane.ui.render import render_sections
 from controlplane.ui.summary import ServeTotals, Summary, read_summary
 from weightship.logs import event
 
-__all__ = ["DEBOUNCE_SECONDS", "POINTS", "POLL_SECONDS", "RECHECK_SECONDS", "Hub", "Series"]
+__all__ = ["DEBOUNCE_SECONDS", "IDLE_MAX_AGE", "POINTS", "POLL_SECONDS", "RECHECK_SECONDS", "Hub", "Series"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ DEBOUNCE_SECONDS = 0.15
 POLL_SECONDS = 1.0
 #: the backstop re-read while a page is open
 RECHECK_SECONDS = 10.0
+#: with no stream open, a page load or node page re-reads a summary older than this
+IDLE_MAX_AGE = 5.0
 #: points kept per chart series
 POINTS = 240
 
@@ -168,9 +170,9 @@ class Hub:
         self._publish()
 
     async def current(self) -> Summary:
-        """The summary held: kept current while a stream is open, else re-read when older than ``debounce * 10``."""
+        """The summary held: kept current while a stream is open, else re-read when older than ``IDLE_MAX_AGE``."""
         idle = self._task is None or self._task.done()
-        if self.summary is None or (idle and time.monotonic() - self._read_at > 10 * self._debounce):
+        if self.summary is None or (idle and time.monotonic() - self._read_at > IDLE_MAX_AGE):
             await self._read()
         assert self.summary is not None
         return self.summary
