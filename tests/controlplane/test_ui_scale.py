@@ -33,7 +33,7 @@ def seed_fleet(state: AppState, seed_versions: SeedVersions) -> dict[str, str]:
             session.add(PointerEventRow(deployment="chat", epoch=i + 1, action="set", actor="test", reason="", from_stable=ordered[i - 1] if i else None, to_stable=digest, from_canary=None, to_canary=None, canary_share=0.0, at=now))
         for n in range(NODES):
             stuck = n % STUCK_EVERY == 0
-            item = {"digest": stable, "state": "fetching" if stuck else "ready", "bytes_total": 1000, "bytes_present": 300 if stuck else 1000}
+            item: dict[str, object] = {"digest": stable, "state": "fetching" if stuck else "ready", "bytes_total": 1000, "bytes_present": 300 if stuck else 1000}
             if stuck:
                 item["problem"] = {"reason": "corrupt_origin", "message": "chunk 7 never matched", "since": now.isoformat(), "attempts": 2, "blob": "ab" * 32, "file": "model.safetensors", "chunk_index": 7}
             report = {"inventory": [item], "deployments": [{"name": "chat", "digest": previous if stuck else stable, "epoch": VERSIONS}]}
