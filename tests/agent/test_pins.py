@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.pins import ASK_SECONDS, Pins
+from weightship.testing import ManualClock
 
 V1 = "sha256:" + "1" * 64
 V2 = "sha256:" + "2" * 64
@@ -14,18 +15,8 @@ V2 = "sha256:" + "2" * 64
 pytestmark = pytest.mark.timeout(10)
 
 
-class Clock:
-    """Monotonic seconds that move only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_an_ask_holds_its_version_and_follows_its_deployment_until_it_lapses() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pins = Pins(clock=clock)
     pins.ask("chat", V1)
     pins.ask(None, V2)  # without a deployment: held, but nothing to follow
@@ -38,7 +29,7 @@ def test_an_ask_holds_its_version_and_follows_its_deployment_until_it_lapses() -
 
 
 def test_a_lease_lapses_unless_renewed_and_a_release_ends_it_at_once() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pins = Pins(clock=clock)
     pins.lease("server-a", "chat", V1, 6)
     pins.lease("server-b", "chat", V2, 6)
@@ -53,7 +44,7 @@ def test_a_lease_lapses_unless_renewed_and_a_release_ends_it_at_once() -> None:
 
 
 def test_a_restarted_agent_gives_stored_pins_a_fresh_lifetime(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     pins = Pins(tmp_path / "pins.json", clock=clock)
     pins.lease("server-a", "chat", V1, 30)
     data = pins.to_save()

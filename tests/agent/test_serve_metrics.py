@@ -13,21 +13,11 @@ from agent.servemetrics import LIVE_SECONDS, MAX_VERSIONS, ServeMetricsBook
 from agent.serving import Serving
 from agent.store import VersionStore
 from weightship.schemas import NodeHeartbeat, ServeCounters, ServeReport, VersionServeMetrics
-from weightship.testing import problem
+from weightship.testing import ManualClock, problem
 
 pytestmark = pytest.mark.timeout(30)
 
 V1, V2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
-
-
-class Clock:
-    """Monotonic seconds the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def report(instance: str, *versions: ServeCounters, deployment: str = "chat") -> ServeReport:
@@ -47,7 +37,7 @@ def entry(book: ServeMetricsBook, digest: str, deployment: str = "chat") -> Vers
 
 
 def test_two_model_servers_on_a_node_are_summed_per_version() -> None:
-    book = ServeMetricsBook(Clock())
+    book = ServeMetricsBook(ManualClock())
     assert book.snapshot() is None
     book.receive(report("gpu0", counters(V1, 10, 1, queue_depth=2)))
     book.receive(report("gpu1", counters(V1, 5, queue_depth=3), counters(V2, 7, load_failures=1)))
@@ -59,7 +49,7 @@ def test_two_model_servers_on_a_node_are_summed_per_version() -> None:
 
 
 def test_a_restarted_model_server_adds_its_new_counts_and_never_subtracts() -> None:
-    book = ServeMetricsBook(Clock())
+    book = ServeMetricsBook(ManualClock())
     book.receive(report("old", counters(V1, 100, 10)))
     book.receive(report("new", counters(V1, 3, 1)))  # a new process: counts from 0
     assert (entry(book, V1).requests, entry(book, V1).errors) == (103, 11)
@@ -72,7 +62,7 @@ def test_a_restarted_model_server_adds_its_new_counts_and_never_subtracts() -> N
 
 
 def test_a_silent_server_stops_adding_queue_depth_but_keeps_its_counts() -> None:
-    clock = Clock()
+    clock = ManualClock()
     book = ServeMetricsBook(clock)
     book.receive(report("gpu0", counters(V1, 10, queue_depth=4)))
     clock.now += LIVE_SECONDS + 1
@@ -81,7 +71,7 @@ def test_a_silent_server_stops_adding_queue_depth_but_keeps_its_counts() -> None
 
 
 def test_versions_kept_are_bounded() -> None:
-    book = ServeMetricsBook(Clock())
+    book = ServeMetricsBook(ManualClock())
     for i in range(MAX_VERSIONS + 5):
         book.receive(report("gpu0", counters("sha256:" + f"{i:064x}", 1)))
     snapshot = book.snapshot()
@@ -92,7 +82,7 @@ def test_versions_kept_are_bounded() -> None:
 
 async def test_local_api_takes_pushes_and_refuses_a_malformed_histogram(tmp_path: Path) -> None:
     store = VersionStore(tmp_path / "data")
-    book = ServeMetricsBook(Clock())
+    book = ServeMetricsBook(ManualClock())
     api = LocalAPI(Serving(store, EpochBook(store.state_dir / "deployments.json")), NodeHeartbeat, print, book.receive)
     url = await api.start("127.0.0.1:0")
     try:

@@ -21,21 +21,12 @@ from tests.controlplane.conftest import (
     seed_versions,
 )
 from weightship.errors import ForbiddenError
+from weightship.testing import ManualClock
 from weightship.tickets import TicketExpired, TicketNotCovering
 
 pytestmark = pytest.mark.timeout(60)
 
 __all__ = ["cp_client", "cp_settings", "cp_state", "live_controlplane", "seed_versions"]
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -55,7 +46,7 @@ async def test_a_ticket_is_reused_until_half_its_life_then_renewed(
     live_controlplane: LiveControlPlane, node_token: tuple[str, dict[str, str]], caplog: pytest.LogCaptureFixture
 ) -> None:
     token, digests = node_token
-    clock = Clock()
+    clock = ManualClock(time.time())
     client = ControlPlaneClient(live_controlplane.url, token)
     keeper = TicketKeeper(client, clock=clock)
     caplog.set_level(logging.INFO, logger="controlplane.tickets")

@@ -7,28 +7,19 @@ import pytest
 from agent.chunkorder import Availability, bitmap_of, chunk_order, indexes_of, obtainable, rank_chunks
 from agent.tracker import NodeView, Reason, Tracker, TrackerSettings
 from weightship.errors import ValidationError
+from weightship.testing import ManualClock
 
 pytestmark = pytest.mark.timeout(10)
 
 V = "sha256:" + "ab" * 32
 
 
-class Clock:
-    """Time that moves only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def node(name: str, rack: str = "", zone: str = "", slots: int = 4) -> NodeView:
     return NodeView(name, f"http://{name}:7071", rack=rack, zone=zone, upload_slots_free=slots)
 
 
-def make(**settings: float) -> tuple[Tracker, Clock]:
-    clock = Clock()
+def make(**settings: float) -> tuple[Tracker, ManualClock]:
+    clock = ManualClock()
     return Tracker(TrackerSettings(**settings), clock, sweep_interval=0.0), clock  # type: ignore[arg-type]
 
 

@@ -28,6 +28,7 @@ from tests.controlplane.test_fleet import (
     wait_until,
     waiting_polls,
 )
+from weightship.testing import ManualClock
 
 __all__ = ["agent", "chat", "operator"]  # fixtures shared with test_fleet
 
@@ -115,18 +116,8 @@ def test_a_revoked_token_stops_working_on_the_next_request(cp_client: httpx.Clie
     assert "revoked" in problem(response)["detail"]
 
 
-class FakeClock:
-    """A monotonic clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_token_cache_trusts_an_entry_for_its_ttl_only() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     cache: TokenCache[str] = TokenCache(ttl=30, clock=clock)
     cache.put("Bearer a", "alice", "tok-a")
     clock.now += 29.9
@@ -141,7 +132,7 @@ def test_token_cache_trusts_an_entry_for_its_ttl_only() -> None:
     ids=["revoked", "resync", "unrelated"],
 )
 def test_token_cache_forgets_what_the_change_feed_says(topic: str, left: set[str]) -> None:
-    cache: TokenCache[str] = TokenCache(ttl=30, clock=FakeClock())
+    cache: TokenCache[str] = TokenCache(ttl=30, clock=ManualClock())
     for header, token_id in (("Bearer a", "tok-a"), ("Bearer a2", "tok-a"), ("Bearer b", "tok-b")):
         cache.put(header, header, token_id)
     cache.on_change(topic)

@@ -20,6 +20,7 @@ from typer.testing import CliRunner, Result
 
 from weightship.cli import CliSeams, app
 from weightship.schemas import Rollout
+from weightship.testing import ManualClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,23 +30,8 @@ V2 = "sha256:" + "2" * 64
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
-class FakeClock:
-    """Monotonic seconds that only the CLI's sleep advances."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-def invoke(handler: Handler, *args: str, clock: FakeClock | None = None) -> Result:
-    clock = clock or FakeClock()
+def invoke(handler: Handler, *args: str, clock: ManualClock | None = None) -> Result:
+    clock = clock or ManualClock(0.0)
     seams = CliSeams(transport=httpx.MockTransport(handler), sleep=clock.sleep, clock=clock)
     return CliRunner().invoke(app, list(args), obj=seams, env={"COLUMNS": "200"}, catch_exceptions=False)
 
@@ -250,7 +236,7 @@ def test_list_across_deployments_or_of_one() -> None:
 def test_watch_prints_a_json_line_per_change_and_ends_when_the_rollout_completes() -> None:
     states = [rollout(), rollout(), rollout(step_index=2, weight=100.0),
               rollout(step_index=3, weight=0.0, phase="Healthy", completed=True, message="promoted")]  # fmt: skip
-    clock = FakeClock()
+    clock = ManualClock(0.0)
 
     def handler(request: httpx.Request) -> httpx.Response:
         return answer(states.pop(0))
@@ -274,7 +260,7 @@ def test_watch_ends_non_zero_when_the_rollout_degrades() -> None:
 
 
 def test_watch_gives_up_after_its_timeout_with_exit_5() -> None:
-    clock = FakeClock()
+    clock = ManualClock(0.0)
     args = ["rollout", "status", "chat-prod", "--watch", "--interval", "1", "--timeout", "5"]
     result = invoke(lambda r: answer(rollout()), *args, clock=clock)
     assert result.exit_code == 5
@@ -320,7 +306,7 @@ def test_rollout_id_with_kube_is_refused() -> None:
 
 def test_watch_on_a_terminal_redraws_one_live_view() -> None:
     states = [rollout(), rollout(step_index=2, weight=50.0), rollout(step_index=3, phase="Healthy", completed=True)]
-    clock = FakeClock()
+    clock = ManualClock(0.0)
     seams = CliSeams(transport=httpx.MockTransport(lambda r: answer(states.pop(0))), sleep=clock.sleep, clock=clock)
     env = {"COLUMNS": "120", "FORCE_COLOR": "1"}  # rich treats the output as a terminal
     result = CliRunner().invoke(app, ["rollout", "status", "chat-prod", "--watch"], obj=seams, env=env)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_public_surface_is_exactly_all() -> None:
-    names = {"NOT_YET", "TEST_CHUNK", "FaultProxy", "Origin", "Served"}
+    names = {"NOT_YET", "TEST_CHUNK", "FaultProxy", "ManualClock", "ManualUTCClock", "Origin", "Served"}
     names |= {"eventually", "eventually_async", "free_port", "kill9", "problem", "terminate", "wait_for_port"}
     assert set(weightship.testing.__all__) == names
     for name in names:

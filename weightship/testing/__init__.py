@@ -8,12 +8,14 @@
   holds the answers a test selects (a misbehaving network, CDN or cache);
 - ``kill9`` / ``terminate``: end a process a test started, as a crash or cleanly.
 - ``problem``: the RFC 9457 problem details of an error answer, checked for every member.
+- ``ManualClock`` / ``ManualUTCClock``: clocks a test moves by hand (timeouts without waiting).
 
 Nothing here imitates weightship's own components: tests run the real control plane and agent.
 """
 
 from __future__ import annotations
 
+from weightship.testing.clocks import ManualClock, ManualUTCClock
 from weightship.testing.origins import TEST_CHUNK, FaultProxy, Origin, Served
 from weightship.testing.problems import problem
 from weightship.testing.processes import kill9, terminate
@@ -23,6 +25,8 @@ __all__ = [
     "NOT_YET",
     "TEST_CHUNK",
     "FaultProxy",
+    "ManualClock",
+    "ManualUTCClock",
     "Origin",
     "Served",
     "eventually",

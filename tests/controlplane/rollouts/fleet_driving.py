@@ -6,7 +6,7 @@
   functions (``register_node``, ``record_heartbeat``); :meth:`SimFleet.converge` makes every node
   report what its desired state asks (holding every ``keep`` version verified, serving its digest),
   except nodes told their disk is full, which report the canary's fetch failing.
-- :class:`FakeClock` and :func:`tick`: the driver's ``now`` under the test's control, and one
+- :func:`tick` (with ``weightship.testing.ManualUTCClock``): the driver's ``now`` under the test's control, and one
   driver tick run on the app's own event loop (the driver announces pointer changes there).
 """
 
@@ -16,8 +16,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -40,7 +39,7 @@ from weightship.schemas import (
     VersionState,
 )
 
-__all__ = ["FakeClock", "Hook", "SimFleet", "driver_of", "metric", "tick"]
+__all__ = ["Hook", "SimFleet", "driver_of", "metric", "tick"]
 
 
 class Hook:
@@ -88,20 +87,6 @@ def metric(hook: Hook, name: str, **extra: Any) -> dict[str, Any]:
         "provider": {"webhook": {"url": f"{hook.url}/{name}", "jsonPath": "$.value", "timeout": "5s"}},
         **extra,
     }
-
-
-@dataclass
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    now: datetime = field(default_factory=lambda: datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward."""
-        self.now += timedelta(seconds=seconds)
 
 
 def driver_of(cp: LiveControlPlane) -> FleetRolloutDriver:

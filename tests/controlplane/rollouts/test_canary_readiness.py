@@ -24,7 +24,7 @@ from controlplane.rollouts.phases import Phase
 from controlplane.rollouts.spec import parse_spec
 from controlplane.state import AppState
 from tests.controlplane.conftest import LiveControlPlane, SeedVersions
-from tests.controlplane.rollouts.fleet_driving import FakeClock, Hook, SimFleet, metric, tick
+from tests.controlplane.rollouts.fleet_driving import Hook, SimFleet, metric, tick
 from tests.controlplane.rollouts.test_resources import (  # noqa: F401 - fixtures
     Headers,
     World,
@@ -34,6 +34,7 @@ from tests.controlplane.rollouts.test_resources import (  # noqa: F401 - fixture
     world,
 )
 from weightship.schemas import Role
+from weightship.testing import ManualUTCClock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -177,7 +178,7 @@ def test_three_nodes_and_set_weight_10_move_one_node(
     role_headers: Headers,
     seed_versions: SeedVersions,
     cp_state: AppState,
-    clock: FakeClock,  # noqa: F811
+    clock: ManualUTCClock,  # noqa: F811
     live_controlplane: LiveControlPlane,
     hook: Hook,  # noqa: F811
 ) -> None:

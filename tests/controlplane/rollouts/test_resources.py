@@ -21,8 +21,9 @@ from controlplane.rollout_driver import FleetRolloutDriver, Outcome
 from controlplane.settings import Settings
 from controlplane.state import AppState
 from tests.controlplane.conftest import LiveControlPlane, SeedVersions, problem
-from tests.controlplane.rollouts.fleet_driving import FakeClock, Hook, SimFleet, driver_of, metric, tick
+from tests.controlplane.rollouts.fleet_driving import Hook, SimFleet, driver_of, metric, tick
 from weightship.schemas import Role
+from weightship.testing import ManualUTCClock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,8 +48,8 @@ def hook() -> Iterator[Hook]:
 
 
 @pytest.fixture
-def clock(live_controlplane: LiveControlPlane) -> FakeClock:
-    fake = FakeClock()
+def clock(live_controlplane: LiveControlPlane) -> ManualUTCClock:
+    fake = ManualUTCClock()
     driver_of(live_controlplane).clock = fake
     return fake
 
@@ -61,7 +62,7 @@ class World:
     headers: Headers
     versions: dict[str, str]
     fleet: SimFleet
-    clock: FakeClock
+    clock: ManualUTCClock
     cp: LiveControlPlane
 
     @property
@@ -114,7 +115,7 @@ def world(
     role_headers: Headers,
     seed_versions: SeedVersions,
     cp_state: AppState,
-    clock: FakeClock,
+    clock: ManualUTCClock,
     live_controlplane: LiveControlPlane,
 ) -> World:
     versions = seed_versions("m", ("v1", "v2", "v3"))
@@ -358,7 +359,7 @@ def test_a_deposed_driver_cannot_move_the_pointer(world: World, hook: Hook, cp_s
 
     # The live driver's lease runs on the real clock (the fake one drives only the engine): an hour
     # past real now is past its lease, whatever day the suite runs, and the second process takes over.
-    later = FakeClock(utcnow())
+    later = ManualUTCClock(utcnow())
     later.advance(3600)
     second = FleetRolloutDriver(cp_state, first.providers, holder="second", clock=world.clock, lease_clock=later)
     assert second.take_lease(created["id"])
@@ -376,7 +377,7 @@ def test_a_deposed_driver_cannot_move_the_pointer(world: World, hook: Hook, cp_s
     assert run(first.act(stale, decided), first.loop).result(30)[0] == Outcome.DEPOSED
     # Even if it wins a lease again (the second stalled in turn), its write from the stale read is
     # refused by the pointer's epoch compare-and-swap: fenced.
-    first.lease_clock = FakeClock(later.now + timedelta(hours=1))
+    first.lease_clock = ManualUTCClock(later.now + timedelta(hours=1))
     assert run(first.act(stale, decided), first.loop).result(30)[0] == Outcome.DEPOSED
     pointer = world.pointer()
     assert (pointer["epoch"], pointer["canary_share"]) == (2, SHARE_25)
