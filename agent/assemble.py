@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar
 from agent.counters import Counters
 from agent.fetcher import Fetcher
 from agent.retention import Retention
+from agent.signatures import SignatureGate
 from agent.staging import Staging
 from agent.store import VersionStore
 from weightship.digests import hex_of
@@ -80,8 +81,11 @@ class Assembler:
         protected: Callable[[], set[str]],
         on_trouble: Callable[[], None] = lambda: None,
         on_placed: Callable[[], None] = lambda: None,
+        gate: SignatureGate | None = None,
     ) -> None:
         self.store = store
+        #: the node's signing policy, checked before any chunk of a version is fetched (``agent.signatures``)
+        self.gate = gate
         self.on_trouble = on_trouble
         #: called on the event loop after each chunk is verified in place (wakes streaming readers)
         self.on_placed = on_placed
@@ -114,6 +118,8 @@ class Assembler:
         began = time.monotonic()
         progress.trouble = progress.trouble_at = None
         manifest = await self.manifest(model, digest)
+        if self.gate is not None:
+            await self.gate.check(manifest)  # before a byte of the version is fetched
         progress.bytes_total = manifest.total_size
         staging = Staging(self.store.staging_dir, manifest)
         resumed = staging.journal_path.exists()

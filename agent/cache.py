@@ -50,12 +50,14 @@ from agent.chunkorder import chunk_order
 from agent.chunkstore import ChunkStore
 from agent.peerserver import ChunkLocation, chunk_path
 from agent.problems import answer_error
+from agent.signatures import SignatureGate
 from agent.tickets import Audiences, TicketKeeper
 from weightship.digests import sha256_hex
 from weightship.errors import NotFoundError, TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.manifest import Manifest, parse_manifest
 from weightship.schemas import BlobURL, Deployment
+from weightship.signing import SignatureRefused
 
 __all__ = ["CacheStats", "ReadThroughCache", "UpstreamCorrupt"]
 
@@ -116,9 +118,14 @@ class ReadThroughCache:
         refresh_seconds: float = 5.0,
         avoid_seconds: float = 60.0,
         read_ahead: int = 2,
+        gate: SignatureGate | None = None,
     ) -> None:
         self.store = store
         self.source = source
+        #: the cache's signing policy: a version it refuses is unknown here (404), never fetched or served
+        self.gate = gate
+        #: digest -> why the signing policy refuses it
+        self.refused: dict[str, str] = {}
         self.tickets = tickets
         self.executor = executor
         self.upstream = upstream.rstrip("/")
@@ -165,12 +172,26 @@ class ReadThroughCache:
             }
             for digest, model in named.items():
                 if digest not in self.manifests:
-                    self.manifests[digest] = parse_manifest(await self.source.manifest(model, digest))
+                    manifest = parse_manifest(await self.source.manifest(model, digest))
+                    if await self._passes(manifest):
+                        self.manifests[digest] = manifest
             for digest in set(self.manifests) - set(named):
                 del self.manifests[digest]  # no pointer names it any more: its chunks age out by LRU
             self.pinned = frozenset(c for m in self.manifests.values() for f in m.files for c in f.chunks)
             self._refreshed = time.monotonic()
         event(log, "cache.refreshed", versions=len(self.manifests), pinned_chunks=len(self.pinned))
+
+    async def _passes(self, manifest: Manifest) -> bool:
+        """Whether the cache's signing policy accepts ``manifest``'s version (no policy: yes)."""
+        if self.gate is None:
+            return True
+        try:
+            await self.gate.check(manifest)
+        except SignatureRefused as exc:
+            self.refused[manifest.digest] = str(exc.fields.get("reason"))
+            return False
+        self.refused.pop(manifest.digest, None)
+        return True
 
     async def run(self) -> None:
         """Refresh every ``refresh_seconds`` until cancelled; control-plane trouble is logged, not fatal."""

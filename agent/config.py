@@ -125,6 +125,9 @@ class AgentConfig:
     #: per deployment, how to tell an external model server that its ``current`` link moved
     #: (``agent.switchhooks``; file: a ``[switch_hooks.<deployment>]`` table; flag: ``--switch-hook``)
     switch_hooks: tuple[SwitchHook, ...] = ()
+    #: signing policy file (``weightship.signing_policy``; a mounted ConfigMap or Secret): versions it refuses
+    #: are never fetched here. Empty: no policy (every version the control plane names is fetched)
+    signing_policy: str = ""
 
     def __post_init__(self) -> None:
         if not self.control_plane.startswith(("http://", "https://")):
@@ -221,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also stage the previous stable and canary versions once idle (default: on)",
     )
+    parser.add_argument("--signing-policy", help="signing policy file: versions it refuses are never fetched")
     parser.add_argument("--log-level", help="debug, info, warning or error")
     parser.add_argument("--role", choices=("node", "cache"), help="node (default) or cache")
     parser.add_argument("--tier", choices=("cluster", "region"), help="a cache's tier (default: cluster)")

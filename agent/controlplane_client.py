@@ -33,6 +33,7 @@ from weightship.schemas import (
     TicketKeys,
     TicketRequest,
 )
+from weightship.signing import VersionSignatures
 
 __all__ = ["ControlPlaneClient"]
 
@@ -122,6 +123,12 @@ class ControlPlaneClient:
         raw = (await self._session.send("GET", path)).content
         check_manifest_bytes(raw, digest, "the manifest the control plane sent")
         return raw
+
+    async def signatures(self, model: str, digest: str) -> list[bytes]:
+        """Every signature the control plane stores for ``digest`` (checked by the caller, never trusted)."""
+        path = f"/v1/models/{segment(model)}/versions/{segment(digest)}/signatures"
+        found = parse(VersionSignatures, await self._session.send("GET", path))
+        return [s.encode("utf-8") for s in found.signatures]
 
     async def ticket(self, versions: Sequence[str], audience: str | None = None) -> TicketGrant:
         """An entitlement ticket naming this node, ``versions`` (403 for any it is not entitled to) and ``audience``."""

@@ -57,6 +57,7 @@ from agent.reconcile import Reconciler
 from agent.retention import Retention
 from agent.servemetrics import ServeMetricsBook
 from agent.serving import Serving
+from agent.signatures import load_gate
 from agent.sources import Sources
 from agent.store import VersionStore
 from agent.switchhooks import SwitchHooks
@@ -153,6 +154,7 @@ class Agent:
             lambda: self.reconciler.protected(),  # the reconciler is created just below
             on_trouble=self._changed.set,
             on_placed=self.serving.poke,
+            gate=load_gate(self.config.signing_policy, self.controlplane),
         )
         self.assembler = assembler
         self.chunk_feeds = ChunkFeeds(assembler.staging, self.store)
@@ -256,6 +258,7 @@ class Agent:
                 upstream_concurrency=cfg.upstream_concurrency,
                 read_ahead=cfg.read_ahead,
                 upstream_bandwidth=cfg.upstream_bandwidth,
+                gate=assembler.gate,
             )
             locator = self.cache
         self.peer: PeerServer | None = None

@@ -17,7 +17,8 @@ Per version (the heartbeat's inventory)::
 
 A failed fetch is tried again after a capped exponential backoff (seconds), except when the
 origin's copy itself is bad (``CorruptChunkError``: a chunk's bytes never matched, however
-often they were fetched): then the version waits ``corrupt_retry`` (minutes, growing to an
+often they were fetched) or the node's signing policy refuses the version (``SignatureRefused``,
+checked before any byte is fetched: ``agent.signatures``): then the version waits ``corrupt_retry`` (minutes, growing to an
 hour), because fetching the same bad bytes again only burns bandwidth. Either way a new desired
 state naming the version (e.g. the operator re-points the deployment once the origin is fixed)
 retries it at once. Each version's run of failures (why, since when, how many, when next) is
@@ -78,12 +79,15 @@ from weightship.schemas import (
     VersionInventory,
     VersionState,
 )
+from weightship.signing import SignatureRefused
 
 __all__ = ["Reconciler", "Target"]
 
 log = logging.getLogger("agent.reconcile")
 _R = TypeVar("_R")
 
+#: failures that fetching again cannot cure until someone fixes the origin or signs the version
+_SLOW_RETRY = frozenset({FetchFailure.corrupt_origin, FetchFailure.signature_refused})
 #: refusals kept for the heartbeat
 MAX_REFUSED = 32
 #: first and longest wait before a version whose origin copy is corrupt is fetched again
@@ -153,6 +157,8 @@ def failure_reason(error: Exception) -> FetchFailure:
     """What kind of failure ``error`` is, as the heartbeat reports it."""
     if isinstance(error, CorruptChunkError):
         return FetchFailure.corrupt_origin
+    if isinstance(error, SignatureRefused):
+        return FetchFailure.signature_refused
     if isinstance(error, DiskFullError):
         return FetchFailure.disk_full
     if isinstance(error, (StoreError, TemporaryError, UrlRejected)):
@@ -488,10 +494,10 @@ class Reconciler:
         except Exception as exc:  # any failure is reported, never fatal to the agent
             message = _message(exc)
             reason = failure_reason(exc)
-            if reason == FetchFailure.corrupt_origin:
+            if reason in _SLOW_RETRY:  # the same bad bytes or signatures again: only wait longer
                 if version.failure is None or failure_reason(version.failure) != reason:
                     version.backoff = DelaySequence(*self.corrupt_retry)
-            elif version.failure is not None and failure_reason(version.failure) == FetchFailure.corrupt_origin:
+            elif version.failure is not None and failure_reason(version.failure) in _SLOW_RETRY:
                 version.backoff = None  # no longer the origin's bytes: back to the short backoff
             version.backoff = version.backoff or DelaySequence(self.backoff_initial, max(self.backoff_max, 1.0))
             delay = version.backoff.next_delay()

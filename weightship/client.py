@@ -64,6 +64,7 @@ from weightship.schemas import (
     VersionLoads,
     WarmPool,
 )
+from weightship.signing import SignatureUpload, VersionSignatures
 
 __all__ = ["DEFAULT_URL", "Backoff", "Client"]
 
@@ -139,13 +140,28 @@ class Client:
         """PUT one part's bytes to its URL with the headers the session asked for (no retry here)."""
         self.session.send("PUT", part.url, content=data, headers=dict(part.headers), retry=False)
 
-    def commit_upload(self, upload_id: str) -> VersionInfo:
-        """Ask the control plane to verify every blob and make the version ready."""
+    def commit_upload(self, upload_id: str, signatures: Sequence[bytes] = ()) -> VersionInfo:
+        """Ask the control plane to verify every blob and make the version ready, with ``signatures``."""
+        body = SignatureUpload(signatures=[s.decode("utf-8") for s in signatures]) if signatures else None
         # The server may re-hash every byte before answering, so reading may take long.
         response = self.session.send(
-            "POST", f"/v1/uploads/{segment(upload_id)}/commit", timeout=self.session.read_timeout(3600.0)
+            "POST",
+            f"/v1/uploads/{segment(upload_id)}/commit",
+            json=body,
+            timeout=self.session.read_timeout(3600.0),
         )
         return parse(VersionInfo, response)
+
+    def signatures(self, model: str, ref: str) -> VersionSignatures:
+        """Every signature stored for version ``ref`` of ``model``."""
+        path = f"/v1/models/{segment(model)}/versions/{segment(ref)}/signatures"
+        return parse(VersionSignatures, self.session.send("GET", path))
+
+    def add_signatures(self, model: str, ref: str, signatures: Sequence[bytes]) -> VersionSignatures:
+        """Add ``signatures`` (model-signing bundles) to version ``ref``: checked and stored write-once."""
+        path = f"/v1/models/{segment(model)}/versions/{segment(ref)}/signatures"
+        body = SignatureUpload(signatures=[s.decode("utf-8") for s in signatures])
+        return parse(VersionSignatures, self.session.send("POST", path, json=body))
 
     def abort_upload(self, upload_id: str) -> None:
         """Abandon a publish session; uploaded parts are discarded."""
@@ -163,6 +179,8 @@ class Client:
         concurrency: int = 8,
         progress: PublishProgress | None = None,
         backoff: Backoff | None = None,
+        signatures: Sequence[bytes] = (),
+        sign_key: bytes | None = None,
     ) -> PublishResult:
         """Build the manifest of ``path`` and publish it: hash, open a session, upload, commit.
 
@@ -181,6 +199,8 @@ class Client:
             concurrency=concurrency,
             progress=progress,
             backoff=backoff,
+            signatures=signatures,
+            sign_key=sign_key,
         )
 
     # --- registry ----------------------------------------------------------------------------

@@ -36,8 +36,9 @@ from weightship.cli.runtime import out as _out
 from weightship.cli.runtime import run_of as _run
 from weightship.client import DEFAULT_URL, Backoff, Client
 from weightship.errors import ConflictError, NotFoundError, PreconditionFailed, TemporaryError, ValidationError
-from weightship.manifest import check_manifest_bytes, parse_manifest
+from weightship.manifest import SIGNATURE_FILE, check_manifest_bytes, parse_manifest
 from weightship.schemas import Preheat, Role
+from weightship.signing import sign_manifest
 from weightship.sizes import parse_size
 
 __all__ = ["EXIT_CODES", "CliSeams", "app", "main"]
@@ -103,14 +104,28 @@ def publish(
         bool, typer.Option("--allow-pickle", help="Allow pickle-format files (they run code when loaded).")
     ] = False,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, help="Parts uploaded at once.")] = 8,
+    signature: Annotated[
+        list[Path] | None,
+        typer.Option("--signature", help="A model-signing signature of DIRECTORY (repeatable; default DIRECTORY/model.sig)."),
+    ] = None,
+    sign_key: Annotated[
+        Path | None,
+        typer.Option("--sign-key", help="Sign at publish with this EC private key (PEM), in the model-signing format."),
+    ] = None,
 ) -> None:
     """Publish DIRECTORY as an immutable version: upload only what the store lacks, then commit.
 
     URL, token, role and labels are checked before anything is hashed. Hidden names (such as
-    .gitattributes) are not part of a version; they are listed as skipped.
+    .gitattributes) and DIRECTORY/model.sig are not part of a version; they are listed as skipped.
+    DIRECTORY/model.sig (from `model_signing sign`), each --signature and a signature made with
+    --sign-key are committed with the version and checked against the signing policy.
     """
     run = _run(ctx)
     size = _parse_size(chunk_size)
+    signatures = [_read_file(p, "--signature") for p in signature or []]
+    if not signature and (directory / SIGNATURE_FILE).is_file():
+        signatures.append(_read_file(directory / SIGNATURE_FILE, "DIRECTORY/model.sig"))
+    key = _read_file(sign_key, "--sign-key") if sign_key is not None else None
     with run.client() as client, contextlib.ExitStack() as stack:
         progress = None
         if not run.json:
@@ -126,6 +141,8 @@ def publish(
             concurrency=concurrency,
             progress=progress,
             backoff=Backoff(sleep=run.seams.sleep),
+            signatures=signatures,
+            sign_key=key,
         )
     data = {
         "model": result.version.model,
@@ -143,6 +160,8 @@ def publish(
         "commit_seconds": round(result.commit_seconds, 4),
         "upload_id": result.upload_id,
         "skipped": list(result.skipped),
+        "signatures": result.signatures,
+        "sign_seconds": round(result.sign_seconds, 4),
         "version": result.version,
     }
     _out(run, data, lambda: display.publish_summary(result))
@@ -191,6 +210,44 @@ def show(
     manifest = parse_manifest(raw)
     data = {"version": version, "manifest": manifest.to_json()}
     _out(run, data, lambda: _group(display.version_table(version), display.manifest_table(manifest)))
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValidationError(f"{what} {str(path)!r} cannot be read ({exc.strerror}); check the path") from exc
+
+
+@app.command()
+@_command
+def sign(
+    ctx: typer.Context,
+    ref: Annotated[
+        str, typer.Argument(metavar="MODEL@REF", help="MODEL@LABEL or MODEL@sha256:<hex>.", show_default=False)
+    ],
+    key: Annotated[
+        Path | None, typer.Option("--key", help="EC private key (PEM) to sign the version's manifest with.")
+    ] = None,
+    signature: Annotated[
+        list[Path] | None, typer.Option("--signature", help="An existing model-signing signature to add (repeatable).")
+    ] = None,
+) -> None:
+    """Add a signature to a published version (a second approver, a new key): stored write-once, never removed."""
+    run = _run(ctx)
+    model, version_ref = _split_ref(ref)
+    bundles = [_read_file(p, "--signature") for p in signature or []]
+    if key is None and not bundles:
+        raise ValidationError("nothing to add: give --key KEY (to sign now) or --signature FILE")
+    with run.client() as client:
+        version = client.get_version(model, version_ref)
+        if key is not None:
+            raw = client.get_manifest(model, version.digest)
+            check_manifest_bytes(raw, version.digest, f"the manifest served for {model}@{version_ref}", "do not sign it")
+            bundles.append(sign_manifest(parse_manifest(raw), _read_file(key, "--key")))
+        found = client.add_signatures(model, version.digest, bundles)
+    data = {"model": found.model, "digest": found.digest, "signatures": len(found.signatures)}
+    _out(run, data, lambda: Text(f"{found.model}@{found.digest}: {len(found.signatures)} signature(s)"))
 
 
 def _group(*parts: RenderableType) -> RenderableType:

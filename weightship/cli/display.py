@@ -318,7 +318,10 @@ def describe_problem(problem: FetchProblem, state: VersionState, now: datetime, 
     if state == VersionState.fetching:
         return f"retrying {since}; {what}"
     after = f"retries at {_when(problem.retry_at)}" if problem.retry_at else "retries on the next desired state"
-    fix = "restore or re-publish the blob, then " if problem.reason == FetchFailure.corrupt_origin else ""
+    fix = {
+        FetchFailure.corrupt_origin: "restore or re-publish the blob, then ",
+        FetchFailure.signature_refused: "add a signature the node's policy trusts ('weightship sign'), then ",
+    }.get(problem.reason, "")
     return f"failed {since}; {what}; {after}, or {fix}re-point the deployment to retry now"
 
 

@@ -78,6 +78,7 @@ class FetchFailure(StrEnum):
     corrupt_origin = "corrupt_origin"  # a chunk's bytes from the origin never matched its digest
     origin_unavailable = "origin_unavailable"  # the origin (or its URLs) refused or did not answer
     disk_full = "disk_full"
+    signature_refused = "signature_refused"  # the node's signing policy refuses the version (before any byte)
     error = "error"  # anything else; the message says what
 
 
