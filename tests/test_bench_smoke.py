@@ -71,6 +71,13 @@ BENCHES = [
         needs_netns=True,
     ),
     Bench(
+        "coldstart.py",
+        ("--size", "8MiB", "--rate", "1Gbit", "--warm", "1", "--chunk-size", "1MiB", "--timeout", "120"),
+        ("coldstart_over_ideal", "speedup_over_sequential", "first_tensor_ms"),
+        needs_netns=True,
+        timeout=240.0,
+    ),
+    Bench(
         "heartbeats.py",
         ("--nodes", "50", "--wave-rates", "100", "--wave-seconds", "2", "--rates", "100", "--step-seconds", "1", "--idle-seconds", "1"),
         tuple(f"{db}.{key}" for db in ("sqlite", "postgres") for key in HEARTBEAT_KEYS),
