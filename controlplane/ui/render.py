@@ -140,7 +140,10 @@ def _rollout(summary: Summary, rollout: Rollout | None) -> str:
             + _table(["metric", "measured", "condition", "verdict", "message"], rows, "measurements")
             + "</div>"
         )
-    step_text = f"step {min(rollout.step_index + 1, rollout.steps_total)} of {rollout.steps_total}"
+    if rollout.steps_total:
+        step_text = f"step {min(rollout.step_index + 1, rollout.steps_total)} of {rollout.steps_total}"
+    else:
+        step_text = "no steps"
     return (
         f'<div class="rollout {state}" data-rollout="{e(rollout.id)}" data-step="{rollout.step_index}">'
         f'<h4>rollout of {_version(summary, rollout.version)} <span class="phase {e(rollout.phase)}">{e(rollout.phase)}</span> '
