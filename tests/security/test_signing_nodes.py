@@ -1,10 +1,12 @@
 """Signed versions, hostile cases: the nodes' own policy refuses what a taken-over control plane serves.
 
 The control plane here has no signing policy, as one taken over (or misconfigured) would: it
-stores any well-formed signature and moves pointers anywhere. Each node runs with its own policy
-file (``--signing-policy``) trusting one release key (and one certificate authority) for the
-model and requiring a signature. For every attack the version is never ready on any node, no
-byte of it is fetched, and the reason is shown in the heartbeat and ``weightship nodes``.
+stores any well-formed signature and moves pointers anywhere. Two nodes run with their own
+policy file (``--signing-policy``) trusting, per model, one release key and one certificate
+authority, and requiring a signature. Each attack gets a model and deployment of its own, all
+served by the same two nodes; beside them, a directory signed with the ``model_signing`` library
+is published as it is and served everywhere. For every attack the version is never ready on any
+node, no byte of it is fetched, and the reason is shown in the heartbeat and ``weightship nodes``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from model_signing import signing as ms_signing
 from typer.testing import CliRunner
 
 from tests.agent.agent_processes import Spawn, eventually
@@ -26,57 +29,96 @@ from tests.agent.fleet import Fleet
 from tests.signing_material import CertificateAuthority, Signer
 from weightship.cli import app
 from weightship.digests import hex_of
-from weightship.manifest import Manifest
+from weightship.manifest import SIGNATURE_FILE, Manifest, parse_manifest
 from weightship.schemas import FetchFailure, VersionInventory, VersionState
 from weightship.signing import sign_manifest
-from weightship.testing import FaultProxy
+from weightship.testing import TEST_CHUNK, FaultProxy
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
+ModelMaker = Callable[..., Path]
 
 
 @dataclasses.dataclass
-class Trust:
-    """The release key, a stranger's key, a certificate authority, and the nodes' policy file."""
+class Attack:
+    """What an attack leaves the nodes to refuse: the version, the reason they must give, its kind."""
 
+    victim: Manifest
+    reason: str
+    failure: FetchFailure = FetchFailure.signature_refused
+
+
+@dataclasses.dataclass
+class World:
+    fleet: Fleet
+    make_model: ModelMaker
     release: Signer
     stranger: Signer
     ca: CertificateAuthority
-    policy: Path
     root: Path
-    model: str
+    prefix: str
+    policy: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    def model(self, case: str) -> str:
+        return f"{self.prefix}-{case.replace('_', '-')}"
+
+    def trust(self, model: str) -> None:
+        self.policy[model] = {
+            "require_signature": True,
+            "keys": [{"id": "release", "public_key": self.release.public_pem}],
+            "certificates": [{"id": "ci", "roots": self.ca.pem, "identities": ["release@example.com"]}],
+        }
+
+    def publish(self, model: str, label: str, seed: int) -> Manifest:
+        self.trust(model)
+        return self.fleet.publish(self.make_model(f"{model}-{label}", tensors_mb=0.25, seed=seed), model, label)
+
+    def sign(self, manifest: Manifest, bundle: bytes) -> None:
+        """Store ``bundle`` as a signature of ``manifest``'s version (this control plane checks nothing)."""
+        url = f"{self.fleet.cp.url}/v1/models/{manifest.model}/versions/{manifest.digest}/signatures"
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        response = httpx.post(url, json={"signatures": [bundle.decode()]}, headers=headers)
+        assert response.status_code == 201, response.text
 
 
-@pytest.fixture
-def model(request: pytest.FixtureRequest) -> str:
-    """This test's model, one per parametrised case: signatures are never removed, so cases must not share one."""
-    return hashlib.sha256(request.node.name.encode()).hexdigest()[:12] + "-signed"
-
-
-@pytest.fixture
-def trust(tmp_path: Path, model: str) -> Trust:
-    release, stranger = Signer.new(tmp_path / "release"), Signer.new(tmp_path / "stranger")
-    ca = CertificateAuthority.new()
-    policy = tmp_path / "policy.json"
-    body = {
-        "require_signature": True,
-        "keys": [{"id": "release", "public_key": release.public_pem}],
-        "certificates": [{"id": "ci", "roots": ca.pem, "identities": ["release@example.com"]}],
-    }
-    policy.write_text(json.dumps({"models": {model: body}}))
-    return Trust(release, stranger, ca, policy, tmp_path, model)
-
-
-def nodes(trust: Trust) -> tuple[str, str]:
-    """Two node names of this test's own (a node name is an identity the fleet remembers)."""
-    return (f"{trust.model}-a", f"{trust.model}-b")
-
-
-def add_signature(fleet: Fleet, manifest: Manifest, bundle: bytes) -> None:
-    """Store ``bundle`` as a signature of ``manifest``'s version (the control plane checks nothing)."""
-    url = f"{fleet.cp.url}/v1/models/{manifest.model}/versions/{manifest.digest}/signatures"
-    response = httpx.post(url, json={"signatures": [bundle.decode()]}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert response.status_code == 201, response.text
+def _attack(world: World, case: str) -> Attack:
+    """Set up ``case`` against a model of its own and point its deployment; what the nodes must refuse."""
+    model = world.model(case)
+    v1, v2 = world.publish(model, "v1", 1), world.publish(model, "v2", 2)
+    release = world.release.private_pem
+    if case == "unknown_key":
+        world.sign(v1, sign_manifest(v1, world.stranger.private_pem))
+        attack = Attack(v1, "unknown key")
+    elif case == "another_model":
+        world.sign(v1, sign_manifest(dataclasses.replace(v1, model="another-model"), release))
+        attack = Attack(v1, "is for model 'another-model'")
+    elif case == "another_version":
+        world.sign(v1, sign_manifest(v2, release))
+        attack = Attack(v1, "differ from this version's")
+    elif case == "subset_of_files":
+        world.sign(v1, sign_manifest(dataclasses.replace(v1, files=v1.files[:1]), release))
+        attack = Attack(v1, "subset of the files")
+    elif case == "unsigned":
+        attack = Attack(v1, "unsigned: the policy requires a signature")
+    elif case == "expired_certificate":
+        expired = world.ca.issue(world.root / "expired", "release@example.com", expired=True)
+        world.sign(v1, sign_manifest(v1, expired.private_pem, certificate_chain_pem=expired.chain_pem))
+        attack = Attack(v1, "expired")
+    elif case == "label_row_edited_in_the_database":
+        world.sign(v1, sign_manifest(v1, release))
+        with sqlite3.connect(world.fleet.cp.database, timeout=10) as db:  # the attacker writes SQL, not the API
+            db.execute("UPDATE labels SET digest = ? WHERE model = ? AND label = 'v1'", (v2.digest, model))
+        attack = Attack(v2, "unsigned")
+    elif case == "manifest_replaced_in_the_bucket":
+        world.sign(v1, sign_manifest(v1, release))
+        stored = world.fleet.cp.workdir / "origin" / "manifests" / "sha256" / hex_of(v1.digest)
+        stored.chmod(0o644)
+        stored.write_bytes(v2.raw)  # other content under v1's name, as a bucket writer could
+        attack = Attack(v1, "manifest", FetchFailure.error)
+    else:
+        raise AssertionError(case)
+    world.fleet.point(model, model, "v1")
+    return attack
 
 
 def cli(fleet: Fleet, *args: str) -> str:
@@ -86,128 +128,99 @@ def cli(fleet: Fleet, *args: str) -> str:
     return result.output
 
 
-async def refused_everywhere(
-    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, trust: Trust, victim: Manifest, reason: str, failure: FetchFailure
-) -> None:
-    """Both nodes report ``victim`` failed for ``reason``; neither fetched a byte of it; ``nodes`` shows why."""
-    names = nodes(trust)
-    agents = [spawn(name, extra=["--signing-policy", str(trust.policy)]) for name in names]
-    for agent in agents:
-        await agent.ready()
+def _refused(fleet: Fleet, node: str, digest: str) -> Callable[[], VersionInventory | None]:
+    def probe() -> VersionInventory | None:
+        info = fleet.node(node)
+        item = next((i for i in info.inventory if i.digest == digest), None) if info else None
+        return item if item and item.state == VersionState.failed and item.problem else None
 
-    def reported(name: str) -> Callable[[], VersionInventory | None]:
-        def probe() -> VersionInventory | None:
-            node = fleet.node(name)
-            item = next((i for i in node.inventory if i.digest == victim.digest), None) if node else None
-            return item if item and item.state == VersionState.failed and item.problem else None
-
-        return probe
-
-    for name in names:
-        item = await eventually(reported(name), 30, f"{name} to report {victim.digest} refused")
-        assert item.problem is not None
-        assert item.problem.reason == failure
-        assert reason in item.problem.message
-    for agent in agents:
-        view = await agent.deployment()
-        assert view is None or not view.ready, "never ready on any node"
-    if failure == FetchFailure.signature_refused:
-        victim_blobs = {f.sha256 for f in victim.files}
-        assert not [s for s in proxy.served if s.blob in victim_blobs], "no byte fetched before the check"
-        assert "signature refused" in cli(fleet, "nodes")
+    return probe
 
 
-def _resigned(manifest: Manifest, **change: object) -> Manifest:
-    return dataclasses.replace(manifest, **change)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("attack", "reason"),
-    [
-        ("unknown_key", "unknown key"),
-        ("other_model", "is for model 'another-model'"),
-        ("other_version", "differ from this version's"),
-        ("subset_of_files", "subset of the files"),
-        ("unsigned", "unsigned: the policy requires a signature"),
-        ("expired_certificate", "expired"),
-    ],
+CASES = (
+    "unknown_key",
+    "another_model",
+    "another_version",
+    "subset_of_files",
+    "unsigned",
+    "expired_certificate",
+    "label_row_edited_in_the_database",
 )
-async def test_a_forged_or_missing_signature_is_never_ready_on_any_node_reason_shown(
-    spawn: Spawn,
-    fleet: Fleet,
-    proxy: FaultProxy,
-    versions: dict[str, Manifest],
-    trust: Trust,
-    model: str,
-    deployment: str,
-    attack: str,
-    reason: str,
+
+
+async def test_forged_missing_expired_or_swapped_signatures_are_never_ready_on_any_node_reason_shown(
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, make_model: ModelMaker, tmp_path: Path
 ) -> None:
-    v1, v2 = versions["v1"], versions["v2"]
-    expired = trust.ca.issue(trust.root / "expired", "release@example.com", expired=True)
-    forged: dict[str, Callable[[], bytes | None]] = {
-        "unknown_key": lambda: sign_manifest(v1, trust.stranger.private_pem),
-        "other_model": lambda: sign_manifest(_resigned(v1, model="another-model"), trust.release.private_pem),
-        "other_version": lambda: sign_manifest(v2, trust.release.private_pem),
-        "subset_of_files": lambda: sign_manifest(_resigned(v1, files=v1.files[:1]), trust.release.private_pem),
-        "unsigned": lambda: None,
-        "expired_certificate": lambda: sign_manifest(
-            v1, expired.private_pem, certificate_chain_pem=expired.chain_pem
-        ),
-    }
-    bundle = forged[attack]()
-    if bundle is not None:
-        add_signature(fleet, v1, bundle)
-    fleet.point(deployment, model, "v1")
+    prefix = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
+    world = World(
+        fleet, make_model, Signer.new(tmp_path / "release"), Signer.new(tmp_path / "stranger"),
+        CertificateAuthority.new(), tmp_path, prefix,
+    )  # fmt: skip
+    attacks = {case: _attack(world, case) for case in CASES}
+    # A directory signed with the model_signing library, published as it is (model.sig picked up).
+    good_model = world.model("signed-by-model-signing")
+    good_dir = make_model(good_model, tensors_mb=0.25, seed=9)
+    ms_signing.Config().use_elliptic_key_signer(private_key=world.release.key_file).sign(  # type: ignore[no-untyped-call]
+        good_dir, good_dir / SIGNATURE_FILE
+    )
+    world.trust(good_model)
+    with fleet.cp.client() as admin:
+        published = admin.publish_directory(
+            good_dir, good_model, ["v1"], chunk_size=TEST_CHUNK, signatures=[(good_dir / SIGNATURE_FILE).read_bytes()]
+        )
+        good = parse_manifest(admin.get_manifest(good_model, published.version.digest))
+    fleet.point(good_model, good_model, "v1")
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"models": world.policy}))
 
-    await refused_everywhere(spawn, fleet, proxy, trust, v1, reason, FetchFailure.signature_refused)
-
-
-async def test_a_version_signed_by_the_trusted_key_is_served_by_every_node(
-    spawn: Spawn, fleet: Fleet, versions: dict[str, Manifest], trust: Trust, model: str, deployment: str
-) -> None:
-    v1 = versions["v1"]
-    add_signature(fleet, v1, sign_manifest(v1, trust.release.private_pem))
-    fleet.point(deployment, model, "v1")
-
-    agents = [spawn(name, extra=["--signing-policy", str(trust.policy)]) for name in nodes(trust)]
+    deployments = [world.model(c) for c in CASES] + [good_model]
+    names = (f"{prefix}-a", f"{prefix}-b")
+    agents = [spawn(n, deployments=deployments, extra=["--signing-policy", str(policy)]) for n in names]
     for agent in agents:
         await agent.ready()
-        await agent.serving(v1.digest, within=30)
+        await agent.serving(good.digest, name=good_model, within=30)
 
-
-async def test_a_label_row_edited_in_the_database_to_name_another_version_is_never_ready_on_any_node_reason_shown(
-    spawn: Spawn,
-    fleet: Fleet,
-    proxy: FaultProxy,
-    versions: dict[str, Manifest],
-    trust: Trust,
-    model: str,
-    deployment: str,
-) -> None:
-    v1, v3 = versions["v1"], versions["v3"]
-    add_signature(fleet, v1, sign_manifest(v1, trust.release.private_pem))
-    with sqlite3.connect(fleet.cp.database, timeout=10) as db:  # the attacker writes SQL, not the API
-        db.execute("UPDATE labels SET digest = ? WHERE model = ? AND label = 'v1'", (v3.digest, model))
-    fleet.point(deployment, model, "v1")
-
-    await refused_everywhere(spawn, fleet, proxy, trust, v3, "unsigned", FetchFailure.signature_refused)
+    for case, attack in attacks.items():
+        for node in names:
+            item = await eventually(_refused(fleet, node, attack.victim.digest), 30, f"{node} to refuse {case}")
+            assert item.problem is not None
+            assert (case, item.problem.reason) == (case, attack.failure)
+            assert attack.reason in item.problem.message, case
+        for agent in agents:
+            view = await agent.deployment(world.model(case))
+            assert view is None or view.digest != attack.victim.digest or not view.ready, f"{case}: never ready"
+    refused_blobs = {
+        f.sha256 for a in attacks.values() if a.failure == FetchFailure.signature_refused for f in a.victim.files
+    } - {f.sha256 for f in good.files}
+    assert not [s for s in proxy.served if s.blob in refused_blobs], "no byte of a refused version was fetched"
+    assert "signature refused" in cli(fleet, "nodes")
+    status = cli(fleet, "status", world.model("unknown_key"))
+    assert "signature refused: signature by unknown key" in status
 
 
 async def test_a_manifest_replaced_in_the_bucket_is_never_ready_on_any_node_reason_shown(
-    spawn: Spawn,
-    fleet: Fleet,
-    proxy: FaultProxy,
-    versions: dict[str, Manifest],
-    trust: Trust,
-    model: str,
-    deployment: str,
+    spawn: Spawn, fleet: Fleet, make_model: ModelMaker, tmp_path: Path
 ) -> None:
-    v1, v2 = versions["v1"], versions["v2"]
-    add_signature(fleet, v1, sign_manifest(v1, trust.release.private_pem))
-    stored = fleet.cp.workdir / "origin" / "manifests" / "sha256" / hex_of(v1.digest)
-    stored.chmod(0o644)
-    stored.write_bytes(v2.raw)  # other content under v1's name, as a bucket writer could
-    fleet.point(deployment, model, "v1")
+    # Apart from the others: the control plane refuses to issue tickets while a node is entitled to
+    # a version whose stored manifest is corrupt, which would stall the other cases' fetches too.
+    prefix = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
+    world = World(
+        fleet, make_model, Signer.new(tmp_path / "release"), Signer.new(tmp_path / "stranger"),
+        CertificateAuthority.new(), tmp_path, prefix,
+    )  # fmt: skip
+    attack = _attack(world, "manifest_replaced_in_the_bucket")
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"models": world.policy}))
+    model = world.model("manifest_replaced_in_the_bucket")
+    names = (f"{prefix}-a", f"{prefix}-b")
+    agents = [spawn(n, deployments=[model], extra=["--signing-policy", str(policy)]) for n in names]
+    for agent in agents:
+        await agent.ready()
 
-    await refused_everywhere(spawn, fleet, proxy, trust, v1, "manifest", FetchFailure.error)
+    for node in names:
+        item = await eventually(_refused(fleet, node, attack.victim.digest), 30, f"{node} to refuse the manifest")
+        assert item.problem is not None
+        assert attack.reason in item.problem.message
+    for agent in agents:
+        view = await agent.deployment(model)
+        assert view is None or not view.ready, "never ready"
