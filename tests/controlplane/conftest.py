@@ -36,6 +36,10 @@ from controlplane.auth import hash_secret, new_secret
 from controlplane.persistence.rows import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
 from controlplane.settings import Settings
 from controlplane.state import AppState
+from tests.controlplane.fleet_parts import agent as agent  # fixtures for every test below this folder
+from tests.controlplane.fleet_parts import chat as chat
+from tests.controlplane.fleet_parts import operator as operator
+from tests.controlplane.fleet_parts import quiet_recheck as quiet_recheck
 from weightship.manifest import Manifest, build_manifest
 from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo
 from weightship.testing import problem as problem  # the control plane's tests import it from here

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,61 +16,17 @@ from controlplane.fleet import RECHECK_SECONDS, canary_bucket, in_canary
 from controlplane.persistence.rows import DeploymentRow, NodeRow, utcnow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
-from weightship.schemas import Role
+from tests.controlplane.fleet_parts import (
+    BackgroundPoll,
+    Headers,
+    desired,
+    register,
+    set_pointer,
+    wait_until,
+    waiting_polls,
+)
 
 pytestmark = pytest.mark.timeout(60)
-
-Headers = dict[str, str]
-
-
-@pytest.fixture
-def agent(role_headers: dict[Role, Headers]) -> Headers:
-    """Headers that may act for any node: the admin's (an agent's node token acts for its own node
-    only; that is tests/security/test_node_identity.py's subject)."""
-    return role_headers[Role.admin]
-
-
-@pytest.fixture
-def operator(role_headers: dict[Role, Headers]) -> Headers:
-    """Headers of an operator token."""
-    return role_headers[Role.operator]
-
-
-@pytest.fixture
-def chat(cp_client: httpx.Client, operator: Headers, seed_versions: Any) -> dict[str, str]:
-    """Deployment ``chat`` of ``llama`` at stable v1 (epoch 1); returns the digests of v1..v3."""
-    digests: dict[str, str] = seed_versions("llama")
-    assert (
-        cp_client.post("/v1/deployments", json={"name": "chat", "model": "llama"}, headers=operator).status_code == 201
-    )
-    set_pointer(cp_client, operator, stable="v1")
-    return digests
-
-
-def set_pointer(client: httpx.Client, headers: Headers, name: str = "chat", **body: Any) -> dict[str, Any]:
-    """Read the ETag, then PUT the pointer with it."""
-    etag = client.get(f"/v1/deployments/{name}", headers=headers).headers["etag"]
-    response = client.put(f"/v1/deployments/{name}/pointer", json=body, headers={**headers, "If-Match": etag})
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
-
-
-def register(client: httpx.Client, headers: Headers, name: str, *deployments: str, **extra: Any) -> str:
-    """Register a node; returns its id."""
-    body = {"name": name, "deployments": list(deployments), **extra}
-    response = client.post("/v1/nodes/register", json=body, headers=headers)
-    assert response.status_code == 200, response.text
-    node_id: str = response.json()["id"]
-    return node_id
-
-
-def desired(client: httpx.Client, headers: Headers, node_id: str, **params: Any) -> dict[str, Any]:
-    """``GET /v1/nodes/{id}/desired``."""
-    response = client.get(f"/v1/nodes/{node_id}/desired", params=params, headers=headers)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
 
 
 # --- registration and heartbeats ----------------------------------------------------------------
@@ -299,42 +253,6 @@ def test_status_counts_each_version_across_live_nodes(
 
 
 # --- long-poll ----------------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout}s")
-        time.sleep(0.01)  # ok-sleep: polling interval of a deadline loop
-
-
-class BackgroundPoll:
-    """A long-poll running in a thread; records the response and when it arrived."""
-
-    def __init__(self, url: str, headers: Headers, node_id: str, after: str, wait: float) -> None:
-        self.response: httpx.Response | None = None
-        self.arrived = 0.0
-        self._thread = threading.Thread(target=self._run, args=(url, headers, node_id, after, wait), daemon=True)
-        self._thread.start()
-
-    def _run(self, url: str, headers: Headers, node_id: str, after: str, wait: float) -> None:
-        with httpx.Client(base_url=url, timeout=wait + 30) as client:
-            params: dict[str, str | float] = {"after": after, "wait": wait}
-            self.response = client.get(f"/v1/nodes/{node_id}/desired", params=params, headers=headers)
-        self.arrived = time.monotonic()
-
-    def join(self, timeout: float) -> httpx.Response:
-        """The response, once it arrived."""
-        self._thread.join(timeout)
-        assert self.response is not None, "the long-poll did not answer"
-        return self.response
-
-
-def waiting_polls(state: AppState) -> float:
-    """How many desired-state long-polls the server is holding right now."""
-    return state.metrics_registry.get_sample_value("weightship_desired_long_polls") or 0.0
 
 
 def test_long_poll_answers_within_a_second_of_a_pointer_change(

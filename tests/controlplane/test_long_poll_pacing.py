@@ -13,20 +13,15 @@ import pytest
 
 from controlplane import pacing
 from controlplane.pacing import Waker, expiry
-from tests.controlplane.test_fleet import (
+from tests.controlplane.fleet_parts import (
     BackgroundPoll,
     Headers,
-    agent,
-    chat,
     desired,
-    operator,
     register,
     set_pointer,
     wait_until,
     waiting_polls,
 )
-
-__all__ = ["agent", "chat", "operator"]  # fixtures shared with test_fleet
 
 pytestmark = pytest.mark.timeout(60)
 

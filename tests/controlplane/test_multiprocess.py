@@ -19,7 +19,7 @@ from controlplane.persistence.engine import make_engine, make_sessionmaker
 from controlplane.persistence.rows import LabelRow, ModelRow, VersionRow, utcnow
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.controlplane.conftest import fake_digest
-from tests.controlplane.test_fleet import BackgroundPoll, Headers
+from tests.controlplane.fleet_parts import BackgroundPoll, Headers
 from weightship.testing import eventually as poll_until
 
 pytestmark = [

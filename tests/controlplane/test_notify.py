@@ -16,13 +16,11 @@ from controlplane.persistence.engine import query_count
 from controlplane.persistence.rows import DeploymentRow, TokenRow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
-from tests.controlplane.test_fleet import (
+from tests.controlplane.fleet_parts import (
     BackgroundPoll,
     Headers,
-    agent,
-    chat,
     desired,
-    operator,
+    park,
     register,
     set_pointer,
     wait_until,
@@ -30,23 +28,7 @@ from tests.controlplane.test_fleet import (
 )
 from weightship.testing import ManualClock
 
-__all__ = ["agent", "chat", "operator"]  # fixtures shared with test_fleet
-
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def quiet_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The snapshots' backstop re-read (one query per RECHECK_SECONDS) pushed out of the test's window.
-
-    List it before ``live_controlplane`` so the server starts with it.
-    """
-    monkeypatch.setattr(snapshot, "RECHECK_SECONDS", 3600.0)
-
-
-def park(url: str, headers: Headers, client: httpx.Client, node_id: str, wait: float = 30) -> BackgroundPoll:
-    """A long-poll on the node's current revision, running in a thread."""
-    return BackgroundPoll(url, headers, node_id, desired(client, headers, node_id)["revision"], wait=wait)
 
 
 def test_a_pointer_change_answers_only_the_polls_on_that_deployment(

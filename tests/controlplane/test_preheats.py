@@ -12,22 +12,17 @@ from controlplane.persistence.engine import query_count
 from controlplane.persistence.rows import DeploymentRow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
-from tests.controlplane.test_fleet import (
+from tests.controlplane.fleet_parts import (
     BackgroundPoll,
     Headers,
-    agent,
-    chat,
     desired,
-    operator,
+    park,
     register,
     set_pointer,
     wait_until,
     waiting_polls,
 )
-from tests.controlplane.test_notify import park, quiet_recheck
 from weightship.schemas import Role
-
-__all__ = ["agent", "chat", "operator", "quiet_recheck"]  # fixtures shared with test_fleet and test_notify
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.agent.controlplane_process import ControlPlaneProcess
-from tests.controlplane.test_fleet import BackgroundPoll
+from tests.controlplane.fleet_parts import BackgroundPoll
 from tests.controlplane.test_multiprocess import ADMIN, replicas, seed, set_stable
 from weightship.testing import eventually as poll_until
 

@@ -11,7 +11,7 @@ from sqlalchemy import update
 
 from controlplane.persistence.rows import NodeRow, utcnow
 from controlplane.state import AppState
-from tests.controlplane.test_fleet import agent, chat, operator, register  # noqa: F401 - fixtures
+from tests.controlplane.fleet_parts import register
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +24,7 @@ def _beat(client: httpx.Client, headers: Headers, node_id: str, **sources: int) 
 
 
 def test_origin_egress_counts_the_caches_reads_and_delivered_counts_only_serving_nodes(
-    cp_client: httpx.Client, agent: Headers, operator: Headers, chat: dict[str, Any], cp_state: AppState  # noqa: F811
+    cp_client: httpx.Client, agent: Headers, operator: Headers, chat: dict[str, Any], cp_state: AppState
 ) -> None:
     for name, sources in {"n0": {"cluster_cache": 700, "peer": 300}, "n1": {"peer": 900, "origin": 100}}.items():
         _beat(cp_client, agent, register(cp_client, agent, name, "chat"), **sources)

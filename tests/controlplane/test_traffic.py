@@ -13,7 +13,7 @@ from controlplane.persistence.rows import NodeRow, ServeSampleRow, utcnow
 from controlplane.state import AppState
 from controlplane.traffic import take_sample, window
 from tests.controlplane.conftest import SeedVersions
-from tests.controlplane.test_fleet import register, set_pointer
+from tests.controlplane.fleet_parts import register, set_pointer
 from tests.controlplane.traffic_reports import Served, heartbeat
 from weightship.schemas import Role
 

@@ -24,7 +24,7 @@ from controlplane.rollouts.spec import AnalysisStep, parse_spec
 from controlplane.state import AppState
 from controlplane.traffic import Totals, Window, take_sample
 from tests.controlplane.conftest import SeedVersions
-from tests.controlplane.test_fleet import register, set_pointer
+from tests.controlplane.fleet_parts import register, set_pointer
 from tests.controlplane.traffic_reports import Served, heartbeat, latency_le
 from weightship.schemas import Role
 
