@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -77,6 +77,7 @@ from gpu_loader.metrics import ServeMetrics, VersionTallies
 from gpu_loader.serving import ModelSlot, Prepared, ServedModel, generate_tokens, prepare
 from gpu_loader.streamfeed import ChunkStream
 from gpu_loader.streaming import StreamingLoader, StreamingSession, StreamProgress
+from gpu_loader.validation import TensorStats
 from weightship.backoff import DelaySequence
 from weightship.errors import WeightshipError
 from weightship.logs import event
@@ -318,7 +319,14 @@ class Server:
 
     # --- loading and swapping ------------------------------------------------------------------
 
-    async def install(self, directory: Path, digest: str | None, epoch: int, loader: Loader | None = None) -> Prepared:
+    async def install(
+        self,
+        directory: Path,
+        digest: str | None,
+        epoch: int,
+        loader: Loader | None = None,
+        known: Mapping[str, TensorStats] | None = None,
+    ) -> Prepared:
         """Load and validate a version (in a worker thread) and, if it passes, swap it in."""
         event(_log, "serve.loading", logging.INFO, digest=digest or "-", epoch=epoch, directory=directory)
         loop = asyncio.get_running_loop()
@@ -326,7 +334,9 @@ class Server:
         use = loader or self.loader
         prepared = await loop.run_in_executor(
             self._load,
-            lambda: prepare(use, directory, digest=digest, epoch=epoch, device=c.device, dtype=c.dtype, verify=c.verify),
+            lambda: prepare(
+                use, directory, digest=digest, epoch=epoch, device=c.device, dtype=c.dtype, verify=c.verify, known=known
+            ),
         )
         if prepared.stats is not None:
             self.metrics.load_seconds.labels(digest=prepared.digest).set(prepared.stats.seconds)
@@ -506,7 +516,8 @@ class Server:
 
         try:
             through = Path(f"/proc/self/fd/{dirfd}")
-            prepared = await self.install(through, digest, 0, loader=StreamingLoader(self.loader, attach))
+            loader = StreamingLoader(self.loader, attach, scan=True)
+            prepared = await self.install(through, digest, 0, loader=loader, known=loader.stats)
             if prepared.served is not None:
                 prepared.served.directory = Path(os.readlink(through))  # where it is now, for /v1/status
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 from gpu_loader.hf import BuiltModel, ModelCard, build_model, load_model
 from gpu_loader.inference import generate_tokens
 from gpu_loader.loader import Loader, LoadStats, VerifyMode
-from gpu_loader.validation import ValidationOutcome, validate
+from gpu_loader.validation import TensorStats, ValidationOutcome, validate
 from gpu_loader.version import open_version
 from weightship.errors import WeightshipError
 from weightship.logs import event
@@ -108,8 +109,12 @@ def prepare(
     device: str,
     dtype: torch.dtype | None,
     verify: VerifyMode,
+    known: Mapping[str, TensorStats] | None = None,
 ) -> Prepared:
-    """Load the version in ``directory`` onto ``device`` and validate it (blocking)."""
+    """Load the version in ``directory`` onto ``device`` and validate it (blocking).
+
+    ``known``: tensor statistics the load already computed (a streaming load fills it as it goes).
+    """
     stats: LoadStats | None = None
     label = digest or str(directory)
     try:
@@ -118,7 +123,7 @@ def prepare(
         built = build_model(version, dtype)
         stats = load_model(loader, built, version, device=device, dtype=dtype, verify=verify)
         runner = built.logits_module if built.card.task == "causal-lm" else None
-        outcome = validate(built.module, version, runner=runner)
+        outcome = validate(built.module, version, runner=runner, known=known)
     except WeightshipError as exc:
         event(_log, "serve.load_failed", logging.WARNING, digest=label, error=exc.message)
         return Prepared(label, None, stats, None, f"{type(exc).__name__}: {exc.message}")

@@ -41,6 +41,7 @@ from gpu_loader.plan import CPU_ALIGN, CUDA_ALIGN, Item, LoadPlan, make_plan
 from gpu_loader.sharding import ShardSpec
 from gpu_loader.staging import StagingRing
 from gpu_loader.targets import CpuTarget, CudaTarget, Target
+from gpu_loader.validation import TensorStats, tensor_stats
 from gpu_loader.version import OpenFile, Version, _check_header, open_version
 from weightship.errors import ValidationError
 from weightship.logs import event
@@ -185,9 +186,14 @@ class StreamingPipeline(Pipeline):
 
 
 class StreamingSession(LoadSession):
-    """A ``LoadSession`` over a ``StreamingPipeline``; iterate it like one, feed it from another thread."""
+    """A ``LoadSession`` over a ``StreamingPipeline``; iterate it like one, feed it from another thread.
+
+    With ``scans`` set, each tensor's validation statistics (``validation.tensor_stats``) are computed
+    as it is handed out, while later chunks are still in flight, instead of after the last one.
+    """
 
     progress: StreamProgress
+    scans: dict[str, TensorStats] | None = None
 
     @property
     def stream(self) -> StreamingPipeline:
@@ -206,6 +212,8 @@ class StreamingSession(LoadSession):
             progress.tensors_loaded += 1
             progress.bytes_loaded += tensor.numel() * tensor.element_size()
             progress.chunks_ready = self.stream.chunks_ready
+            if self.scans is not None:
+                self.scans.update((s.name, s) for s in tensor_stats({name: tensor}))
             yield name, tensor
 
     def close(self) -> None:
@@ -289,10 +297,12 @@ class StreamingLoader(Loader):
     than an ordinary one; ``load``, ``load_into`` and everything built on them work unchanged.
     """
 
-    def __init__(self, base: Loader, attach: Callable[[StreamingSession], None]) -> None:
+    def __init__(self, base: Loader, attach: Callable[[StreamingSession], None], *, scan: bool = False) -> None:
         super().__init__(base.options)
         self._base = base
         self._attach = attach
+        #: with ``scan``: every loaded tensor's validation statistics, by name (``validate(known=...)``)
+        self.stats: dict[str, TensorStats] | None = {} if scan else None
 
     def _pinned_ring(self, wanted: int) -> StagingRing:
         return self._base._pinned_ring(wanted)
@@ -314,6 +324,7 @@ class StreamingLoader(Loader):
             raise ValidationError("tensor-parallel loads are not streamed: load the version once it is ready")
         version = open_version(directory, manifest, digest)
         session = streaming_session(self, version, device=device, dtype=dtype, verify=verify, names=names)
+        session.scans = self.stats
         self._attach(session)
         return session
 

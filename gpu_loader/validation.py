@@ -110,6 +110,18 @@ def tensor_stats(tensors: Mapping[str, torch.Tensor]) -> list[TensorStats]:
     return [_stats(name, t) for name, t in tensors.items()]
 
 
+def _scan(tensors: Mapping[str, torch.Tensor], known: Mapping[str, TensorStats]) -> list[TensorStats]:
+    found: list[TensorStats] = []
+    for name, tensor in tensors.items():
+        seen = known.get(name)
+        same = seen is not None and seen.shape == tuple(tensor.shape)
+        if seen is not None and same and seen.dtype == str(tensor.dtype).removeprefix("torch."):
+            found.append(seen)
+        else:
+            found.append(_stats(name, tensor))
+    return found
+
+
 def _mb(stats: list[TensorStats]) -> float:
     return sum(math.prod(s.shape) for s in stats) / 1e6
 
@@ -143,14 +155,22 @@ def golden_check(model: nn.Module, version: Version) -> Check:
     return Check("golden", result.passed, result.detail)
 
 
-def validate(model: nn.Module, version: Version, *, runner: nn.Module | None = None) -> ValidationOutcome:
+def validate(
+    model: nn.Module,
+    version: Version,
+    *,
+    runner: nn.Module | None = None,
+    known: Mapping[str, TensorStats] | None = None,
+) -> ValidationOutcome:
     """Run every check on a model loaded from ``version``.
 
     ``runner`` is what the golden check calls (token ids in, logits out) when ``model`` itself
     answers otherwise, as ``transformers`` models do; the scans always cover ``model``'s tensors.
+    ``known``: statistics already computed per tensor as it was loaded (a streaming load scans each
+    tensor while later chunks are still in flight); used where name, shape and dtype match.
     """
     started = time.perf_counter()
-    stats = tensor_stats(model.state_dict())
+    stats = _scan(model.state_dict(), known or {})
     checks = [finite_check(stats), weights_check(stats)]
     try:
         checks.append(golden_check(runner if runner is not None else model, version))

@@ -22,7 +22,7 @@ from gpu_loader.streamfeed import StreamedLoad, stream_load
 from gpu_loader.streaming import StreamingSession
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.fleet import Fleet
-from tests.gpu_loader.test_serve import PROMPT, ServerProcess
+from tests.gpu_loader.server_process import PROMPT, ServerProcess
 from weightship.testing import FaultProxy, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -153,3 +153,24 @@ async def test_a_server_with_streaming_off_loads_only_the_installed_version(
         await eventually(lambda: server.ready_digest() == manifest.digest, 60, "the server to serve the version")
         assert "loading" not in server.client.get("/v1/status").json()
         assert "load.stream_planned" not in server.log()
+
+
+async def test_a_streamed_version_that_fails_validation_is_refused_and_reported_like_any_other(
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, model: str, deployment: str, tmp_path: Path
+) -> None:
+    generate(tmp_path / "poisoned", size_mb=1, seed=23, corrupt="nan")
+    manifest = fleet.publish(tmp_path / "poisoned", model, "v1")
+    proxy.hold_after = 6
+    fleet.point(deployment, model, "v1")
+    agent = spawn("node-n", extra=["--concurrency", "2"])
+    await agent.ready()
+    args = ["--agent", agent.url, "--deployment", deployment, "--digest", manifest.digest]
+    (tmp_path / "server").mkdir()
+    with ServerProcess(args, tmp_path / "server") as server:
+        await eventually(lambda: "loading" in server.client.get("/v1/status").json(), 60, "a streaming load")
+        proxy.release()
+        refused = await eventually(lambda: server.client.get("/readyz").json().get("refused"), 60, "the refusal")
+        assert "finite" in refused
+        assert server.client.post("/v1/generate", json=PROMPT).status_code == 503
+        line = f"validation.received deployment={deployment} digest={manifest.digest} passed=False"
+        await eventually(lambda: line in agent.log(), 30, "the agent to hear the failed validation")
