@@ -8,10 +8,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from model_signing import verifying as ms_verifying
+from typer.testing import CliRunner
 
 from controlplane.settings import Settings
-from tests.controlplane.conftest import Publisher
+from tests.controlplane.conftest import LiveControlPlane, Publisher
 from tests.signing_material import Signer, policy_json
+from weightship.cli import app
+from weightship.manifest import SIGNATURE_FILE, build_manifest
 from weightship.schemas import Role
 from weightship.signing import sign_manifest
 
@@ -115,3 +119,40 @@ def test_unsigned_publish_pointer_move_and_rollback_are_refused_once_the_policy_
     assert rolled.status_code == 422, rolled.text
     assert rolled.json()["code"] == "signature_refused"
     assert unsigned in rolled.json()["detail"]
+
+
+def test_weightship_publish_signs_in_the_format_model_signing_verifies_for_the_directory_as_it_is(
+    live_controlplane: LiveControlPlane, role_headers: dict[Role, Headers], keys: dict[str, Signer], tmp_path: Path
+) -> None:
+    root = _model(tmp_path / MODEL, "v1")
+    (root / ".gitattributes").write_text("* binary\n")
+    token = role_headers[Role.publisher]["Authorization"].removeprefix("Bearer ")
+    env = {"WEIGHTSHIP_URL": live_controlplane.url, "WEIGHTSHIP_TOKEN": token}
+    args = ["--json", "publish", str(root), "-m", MODEL, "--chunk-size", "64KiB", "--sign-key", str(keys["release"].key_file)]
+
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+
+    assert result.exit_code == 0, result.output
+    published = json.loads(result.output)
+    assert published["signatures"] == 1
+    with httpx.Client(base_url=live_controlplane.url, headers=role_headers[Role.publisher]) as client:
+        stored = client.get(f"/v1/models/{MODEL}/versions/{published['digest']}/signatures").json()["signatures"]
+    (root / SIGNATURE_FILE).write_text(stored[0])
+    verifier = ms_verifying.Config()  # type: ignore[no-untyped-call]  # the library's constructors are unannotated
+    verifier.use_elliptic_key_verifier(public_key=keys["release"].public_file).verify(root, root / SIGNATURE_FILE)
+
+
+def test_weightship_publish_picks_up_the_directory_s_model_sig(
+    live_controlplane: LiveControlPlane, role_headers: dict[Role, Headers], keys: dict[str, Signer], tmp_path: Path
+) -> None:
+    root = _model(tmp_path / MODEL, "v2")
+    (root / SIGNATURE_FILE).write_bytes(sign_manifest(build_manifest(root, MODEL), keys["release"].private_pem))
+    token = role_headers[Role.publisher]["Authorization"].removeprefix("Bearer ")
+    env = {"WEIGHTSHIP_URL": live_controlplane.url, "WEIGHTSHIP_TOKEN": token}
+
+    result = CliRunner().invoke(app, ["--json", "publish", str(root), "-m", MODEL], env=env, catch_exceptions=False)
+
+    assert result.exit_code == 0, result.output
+    published = json.loads(result.output)
+    assert published["signatures"] == 1
+    assert SIGNATURE_FILE in published["skipped"]
