@@ -67,7 +67,12 @@
 
   var source = new EventSource("/ui/events");
   source.addEventListener("open", function () { setLive("live", "on"); });
-  source.addEventListener("error", function () { setLive("reconnecting…", "off"); });
+  source.addEventListener("error", function () {
+    // CLOSED: the server refused the stream (signed out): reload to show the login form.
+    // Otherwise the browser retries by itself (a restart, a dropped connection).
+    if (source.readyState === EventSource.CLOSED) { location.reload(); return; }
+    setLive("reconnecting…", "off");
+  });
   source.addEventListener("logout", function () { source.close(); location.reload(); });
   source.addEventListener("summary", function (ev) {
     var s = JSON.parse(ev.data);
