@@ -59,6 +59,7 @@ BENCHES = [
         ("ratio_vs_curl", "ratio_vs_curl_verified", "heartbeat_p99_ms_during_fetch"),
     ),
     Bench("peer_sendfile.py", ("--rounds", "1"), ("kind", "gb_per_s", "server_cpu_s")),
+    Bench("sign.py", ("--files", "20", "--size-mb", "2", "--repeat", "1"), ("sign_seconds", "verify_seconds", "publish_overhead")),
     Bench(
         "simulate.py",
         ("--nodes", "40", "--clusters", "2", "--size", "64MiB", "--chunk", "4MiB"),
