@@ -23,7 +23,7 @@ from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.fleet import Fleet
 from tests.agent.peers import peer_url, start_cache
 from tests.conftest import REPO
-from tests.gpu_loader.test_serve import ServerProcess
+from tests.gpu_loader.server_process import ServerProcess
 from tests.prometheus_examples import Prometheus
 from weightship.testing import free_port
 

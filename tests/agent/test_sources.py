@@ -18,7 +18,7 @@ from agent.rangeclient import RangeClient
 from agent.sources import Sources
 from agent.staging import Staging
 from agent.tracker import NodeView, Tracker, TrackerSettings
-from tests.agent.test_fetcher import URLs
+from tests.agent.origin_urls import URLs
 from tests.agent.tracker_parts import Signer, chunk_server, serve, tracker_server
 from weightship.testing import Origin
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.test_startup import _env
+from tests.controlplane.startup_parts import _env
 from weightship.testing import free_port
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,26 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.controlplane.startup_parts import STRONG_ADMIN, _env
 from weightship.client import Client
 from weightship.testing import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[2]
-STRONG_ADMIN = "ws_startup-test-admin-0123456789abcdef"
-
-
-def _env(workdir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIGHTSHIP_")}
-    env.update(
-        {
-            "WEIGHTSHIP_DATABASE_URL": f"sqlite:///{workdir / 'cp.db'}",
-            "WEIGHTSHIP_STORE": f"local:{workdir / 'origin'}",
-            "WEIGHTSHIP_ADMIN_TOKEN": STRONG_ADMIN,
-            **extra,
-        }
-    )
-    return env
 
 
 @contextmanager

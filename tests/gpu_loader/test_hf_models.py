@@ -18,8 +18,8 @@ from gpu_loader.hf import ModelCard
 from gpu_loader.loader import Loader, LoadOptions
 from gpu_loader.serving import Prepared, prepare
 from tests.gpu_loader.real_models import RealModels, poison, real_models
+from tests.gpu_loader.server_process import ServerProcess
 from tests.gpu_loader.staged_versions import manifest_of, stage
-from tests.gpu_loader.test_serve import ServerProcess
 from weightship.testing import eventually as poll_until
 from weightship.testing import problem
 

@@ -25,7 +25,7 @@ from controlplane.rollouts.providers.builtin import BuiltinProvider
 from gpu_loader.modelgen import generate
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
-from tests.gpu_loader.test_serve import PROMPT, ServerProcess
+from tests.gpu_loader.server_process import PROMPT, ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

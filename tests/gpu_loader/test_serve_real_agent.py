@@ -16,7 +16,7 @@ import pytest
 from gpu_loader.modelgen import generate
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
-from tests.gpu_loader.test_serve import PROMPT, ServerProcess
+from tests.gpu_loader.server_process import PROMPT, ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from tests.kubernetes.conftest import crd
-from tests.kubernetes.test_rollouts import rollout
+from tests.kubernetes.rollout_parts import rollout
 
 
 def validator() -> jsonschema.Draft7Validator:

@@ -29,8 +29,8 @@ from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.gpu_loader.staged_versions import stage
 from tests.kubernetes.conftest import NAMESPACE, VersionedEmulator
 from tests.kubernetes.kubelet import Cluster, expand_vars, map_paths, map_ports, pod_ready
+from tests.kubernetes.rollout_parts import apply, replicasets, status, verb
 from tests.kubernetes.test_rbac import NEEDED_ELSEWHERE, InClusterApi, in_cluster  # noqa: F401  # fixture
-from tests.kubernetes.test_rollouts import apply, replicasets, status, verb
 from weightship.schemas import NodeCounters, NodeHeartbeat
 from weightship.testing import eventually_async
 

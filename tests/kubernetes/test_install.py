@@ -36,9 +36,9 @@ from controlplane.k8s.rollout import parse_rollout
 from controlplane.tokens import read_bootstrap_dir
 from tests.agent.agent_processes import AgentProcess
 from tests.agent.controlplane_process import ControlPlaneProcess
+from tests.kubernetes.chart_parts import DATA_DIR, REPO, REQUIRED, find, merged, objects
 from tests.kubernetes.conftest import OperatorProcess, VersionedEmulator
-from tests.kubernetes.test_chart import DATA_DIR, REPO, REQUIRED, find, merged, objects
-from tests.kubernetes.test_rollouts import rollout
+from tests.kubernetes.rollout_parts import rollout
 from weightship.errors import ValidationError
 from weightship.schemas import Role
 from weightship.testing import eventually_async, free_port

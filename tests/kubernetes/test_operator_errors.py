@@ -19,8 +19,8 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests.kubernetes.conftest import NAMESPACE, REPLICASETS, Operators, VersionedEmulator
-from tests.kubernetes.test_operator_lifecycle import condition, live, sets_of
-from tests.kubernetes.test_rollouts import (
+from tests.kubernetes.operator_parts import condition, live, sets_of
+from tests.kubernetes.rollout_parts import (
     BASE,
     WAIT,
     apply,

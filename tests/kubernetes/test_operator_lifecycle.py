@@ -14,13 +14,13 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import kmock
 import pytest
 import pytest_asyncio
 
-from controlplane.k8s.rollout import ANNOTATION_DIGEST, LABEL_ROLE, LABEL_TEMPLATE_HASH
+from controlplane.k8s.rollout import LABEL_TEMPLATE_HASH
 from tests.kubernetes.conftest import NAMESPACE, REPLICASETS, Operators, VersionedEmulator, crd
-from tests.kubernetes.test_rollouts import BASE, WAIT, apply, deployed, rollout, status, stored
+from tests.kubernetes.operator_parts import condition, live, sets_of
+from tests.kubernetes.rollout_parts import BASE, WAIT, apply, deployed, rollout, status, stored
 from weightship.testing import eventually_async
 
 pytestmark = [pytest.mark.timeout(90)]
@@ -57,33 +57,6 @@ async def pods(kmock_server: VersionedEmulator) -> AsyncIterator[Pods]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-def live(server: VersionedEmulator, resource: str) -> list[Any]:
-    """The live (not deleted) objects of ``resource``."""
-    return [
-        server.objects[key]
-        for key in list(server.objects)
-        if key[0] == kmock.resource(resource) and not server.objects[key].deleted
-    ]
-
-
-def sets_of(server: VersionedEmulator, digest: str) -> dict[str, dict[str, Any]]:
-    """name -> {role, replicas, hash} of the live ReplicaSets of ``digest``."""
-    return {
-        rs["metadata"]["name"]: {
-            "role": rs["metadata"]["labels"][LABEL_ROLE],
-            "replicas": rs["spec"]["replicas"],
-            "hash": rs["metadata"]["labels"][LABEL_TEMPLATE_HASH],
-        }
-        for rs in live(server, REPLICASETS)
-        if rs["metadata"]["annotations"][ANNOTATION_DIGEST] == digest
-    }
-
-
-def condition(server: VersionedEmulator, kind: str) -> dict[str, Any]:
-    """The ModelRollout's condition ``kind`` (empty if absent)."""
-    return next((c for c in status(server).get("conditions") or [] if c["type"] == kind), {})
 
 
 def field(obj: Any, path: str) -> Any:

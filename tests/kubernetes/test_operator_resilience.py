@@ -17,7 +17,7 @@ import kmock
 import pytest
 
 from tests.kubernetes.conftest import NAMESPACE, OperatorProcess, Operators, VersionedEmulator
-from tests.kubernetes.test_rollouts import WAIT, deployed, paused_canary, replicasets, status, stored, verb
+from tests.kubernetes.rollout_parts import WAIT, deployed, paused_canary, replicasets, status, stored, verb
 from weightship.testing import eventually_async
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("replicaset_controller")]

@@ -25,9 +25,9 @@ from aiohttp import web
 from controlplane.k8s.operator import OperatorConfig
 from controlplane.k8s.replicasets import build_replicaset
 from controlplane.k8s.rollout import parse_rollout
+from tests.kubernetes.chart_parts import REQUIRED, find, merged, objects, validate
 from tests.kubernetes.conftest import REPO
-from tests.kubernetes.test_chart import REQUIRED, find, merged, objects, validate
-from tests.kubernetes.test_rollouts import rollout
+from tests.kubernetes.rollout_parts import rollout
 from weightship.schemas import NodeHeartbeat, VersionInventory, VersionState
 from weightship.testing import eventually_async
 

@@ -21,10 +21,10 @@ import pytest_asyncio
 import yaml
 
 from controlplane.k8s.kube import InCluster
+from tests.kubernetes.chart_parts import CHART, REQUIRED
 from tests.kubernetes.conftest import OperatorProcess, VersionedEmulator, Webhook
 from tests.kubernetes.rbac import Audit, Rbac, ServiceAccountMount, attributes, tls_server
-from tests.kubernetes.test_chart import CHART, REQUIRED
-from tests.kubernetes.test_rollouts import WAIT, analysis, apply, deployed, replicasets, rollout, status
+from tests.kubernetes.rollout_parts import WAIT, analysis, apply, deployed, replicasets, rollout, status
 from weightship.testing import eventually_async, free_port
 
 #: ``helm install weightship deploy/helm/weightship -n weightship`` (docs/kubernetes.md)

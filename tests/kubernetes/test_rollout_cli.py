@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.kubernetes.conftest import NAMESPACE, Operators, VersionedEmulator
-from tests.kubernetes.test_rollouts import apply, deployed, rollout, status, stored
+from tests.kubernetes.rollout_parts import apply, deployed, rollout, status, stored
 from weightship.testing import eventually_async
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("replicaset_controller")]

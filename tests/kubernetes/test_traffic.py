@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.k8s.rollout import digest_label
 from tests.kubernetes.conftest import NAMESPACE, Operators, VersionedEmulator
-from tests.kubernetes.test_rollouts import WAIT, deployed, paused_canary, replicasets, status, verb
+from tests.kubernetes.rollout_parts import WAIT, deployed, paused_canary, replicasets, status, verb
 from weightship.testing import eventually_async
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("replicaset_controller")]

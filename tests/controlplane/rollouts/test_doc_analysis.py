@@ -27,8 +27,8 @@ import pytest
 from controlplane.rollouts.analysis import AnalysisPhase
 from gpu_loader.metrics import ServeMetrics
 from tests.conftest import REPO
+from tests.gpu_loader.server_process import PROMPT, ServerProcess
 from tests.gpu_loader.staged_versions import manifest_of, stage
-from tests.gpu_loader.test_serve import PROMPT, ServerProcess
 from tests.prometheus_examples import (
     MetricsTarget,
     Prometheus,
