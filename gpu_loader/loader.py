@@ -45,6 +45,7 @@ from weightship.errors import ValidationError
 from weightship.logs import event
 from weightship.manifest import FileEntry, Manifest
 from weightship.safetensors_header import TensorInfo
+from weightship.signing_policy import SigningPolicy
 
 __all__ = [
     "LoadOptions",
@@ -74,7 +75,8 @@ class LoadOptions:
     hash_workers: int | None = None
     #: Bytes per read call and per staging buffer.
     block_size: int = 16 * 1024 * 1024
-    #: Staging buffers (pinned on a GPU host, plain scratch on CPU); default ``2 * readers + 2``.
+    #: Staging buffers: pinned on a GPU host (default ``2 * readers + 2``), plain scratch for cast
+    #: or hash-only bytes on CPU (default ``readers + hash_workers``).
     staging_buffers: int | None = None
     #: Cap on the pinned memory of a ``Loader``'s one staging ring, shared by every device.
     pinned_limit: int = 512 * 1024 * 1024
@@ -83,6 +85,8 @@ class LoadOptions:
     #: CPU loads only: tensors become copy-on-write views of the page cache instead of owned
     #: memory (zero-copy, fastest; see ``targets.MappedTarget`` for what that trades away).
     cpu_mapped: bool = False
+    #: A signing policy (``weightship.signing_policy``): a version it refuses is not loaded (``SignatureRefused``).
+    signing_policy: SigningPolicy | None = None
 
     def reader_count(self, device: torch.device) -> int:
         """Readers for a load onto ``device``."""
@@ -270,7 +274,7 @@ class Loader:
             raise ValidationError(f"verify={verify!r} is not one of {', '.join(_MODES)}")
         check_cast_target(dtype)
         dev = resolve_device(device)
-        version = open_version(directory, manifest, digest)
+        version = open_version(directory, manifest, digest, self.options.signing_policy)
         if verify == "trust":
             version.check_verification()
         plan = make_plan(
@@ -291,7 +295,11 @@ class Loader:
             store = ChecksumStore(self.options.checksum_dir) if verify == "fast" else None
             policy = CheckPolicy(verify, store.read(version.digest) if store is not None else None)
             readers = self.options.reader_count(dev)
-            buffers = self.options.staging_buffers or 2 * readers + 2
+            # CPU scratch: a buffer per reader and per hasher keeps every thread busy; more would
+            # only be faulted in while readers run ahead of hashing (each is a block of memory).
+            buffers = self.options.staging_buffers or (
+                2 * readers + 2 if dev.type == "cuda" else readers + self.options.hasher_count()
+            )
             target: Target
             pinned = 0
             if dev.type == "cuda":
@@ -379,7 +387,7 @@ class Loader:
         if device is None:
             first = next(iter(expected.values()), None)
             device = first.device if first is not None and first.device.type != "meta" else "cpu"
-        version = open_version(directory, manifest, digest)
+        version = open_version(directory, manifest, digest, self.options.signing_policy)
         available = _available(version)
         names = list(expected)
         if strict:

@@ -11,7 +11,8 @@ not just to torch's cache.
 
 On the CPU the same ring, unpinned and per load, bounds the scratch that bytes only hashed or
 cast on arrival pass through: readers wait for a buffer instead of allocating without limit while
-hashing lags behind.
+hashing lags behind. Its buffers are untouched until used and handed out last in, first out, so
+a load faults in only as many as it has in use at once, not the whole ring.
 
 A buffer goes back to the ring when its hash is done; the next reader to take it first waits
 for the CUDA event (the *fence*) of the copy that last read it, so copies and reads overlap and a
@@ -52,7 +53,12 @@ class StagingRing:
         self.count = count
         self.pinned = pinned
         self._buffers = [StagingBuffer(self._allocate(size, pinned)) for _ in range(count)]
-        self._free: queue.SimpleQueue[StagingBuffer] = queue.SimpleQueue()
+        # Pinned: first in, first out, so the buffer taken is the one whose copy is likeliest done.
+        # Plain (CPU scratch): last in, first out, so loads reuse the buffers already touched and
+        # the others are never faulted in (a trusted casting load touches one per reader).
+        self._free: queue.SimpleQueue[StagingBuffer] | queue.LifoQueue[StagingBuffer] = (
+            queue.SimpleQueue() if pinned else queue.LifoQueue()
+        )
         for buffer in self._buffers:
             self._free.put(buffer)
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 from gpu_loader.loader import Loader, LoadOptions, VerifyMode, resolve_device
 from gpu_loader.modelgen import generate
 from gpu_loader.sharding import ShardSpec
+from gpu_loader.staging import StagingRing
 from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import odd_tensors, stage
 from weightship.errors import ValidationError
@@ -96,6 +98,20 @@ def test_one_scratch_buffer_is_enough_for_a_rank_that_hashes_other_ranks_rows(ve
         result = loader.load(versions.sharded, verify="full", dtype=torch.float32, shard=ShardSpec(1, 2, split))
     assert result.stats.tensors == len(result.tensors)
     assert result.stats.pinned_bytes == 0
+
+
+
+def test_cpu_scratch_is_reused_last_in_first_out_so_untouched_buffers_stay_unfaulted() -> None:
+    ring = StagingRing(4, 4096, pinned=False)
+    never = threading.Event()
+    first = ring.acquire(never)
+    second = ring.acquire(never)
+    assert first is not None
+    assert second is not None
+    ring.release(first)
+    ring.release(second)
+    taken = [ring.acquire(never) for _ in range(2)]
+    assert taken == [second, first]  # the two already touched, not the two never used
 
 
 PEAK_SCRIPT = r"""
