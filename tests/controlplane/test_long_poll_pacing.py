@@ -1,5 +1,5 @@
 """The long-poll fleet is paced: expiries spread over the whole window, a change still wakes every
-parked poll at once (a batch per loop turn), and the woken polls are asked back spread out."""
+parked poll (a batch at a time, in about a second for 5,000), and the woken polls are asked back spread out."""
 
 from __future__ import annotations
 
