@@ -36,6 +36,7 @@ from controlplane.auth import hash_secret, new_secret
 from controlplane.persistence.rows import LabelRow, ModelRow, TokenRow, VersionRow, utcnow
 from controlplane.settings import Settings
 from controlplane.state import AppState
+from tests.controlplane.auth_parts import callers as callers  # a fixture for every test below this folder
 from tests.controlplane.fleet_parts import agent as agent  # fixtures for every test below this folder
 from tests.controlplane.fleet_parts import chat as chat
 from tests.controlplane.fleet_parts import operator as operator
@@ -282,3 +283,7 @@ def publisher(cp_client: httpx.Client, role_headers: dict[Role, dict[str, str]])
     pub = Publisher(cp_client, role_headers[Role.publisher])
     yield pub
     pub.direct.close()
+
+
+# Imported last: the module imports this conftest.
+from tests.controlplane.replica_parts import replicas as replicas  # noqa: E402 - a fixture for every test below this folder

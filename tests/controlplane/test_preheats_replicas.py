@@ -14,10 +14,8 @@ import pytest
 
 from tests.agent.controlplane_process import ControlPlaneProcess
 from tests.controlplane.fleet_parts import BackgroundPoll
-from tests.controlplane.test_multiprocess import ADMIN, replicas, seed, set_stable
+from tests.controlplane.replica_parts import ADMIN, seed, set_stable
 from weightship.testing import eventually as poll_until
-
-__all__ = ["replicas"]  # fixture shared with test_multiprocess
 
 pytestmark = [
     pytest.mark.timeout(180),

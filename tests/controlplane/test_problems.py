@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 from controlplane.app import create_app
 from controlplane.http.limits import BodyLimit
 from controlplane.settings import Settings
+from tests.controlplane.auth_parts import ENROL, NODE, ROLE_CONTRACT
 from tests.controlplane.conftest import problem
-from tests.controlplane.test_auth import ENROL, NODE, ROLE_CONTRACT, callers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,7 +34,6 @@ Operation = tuple[str, str]  # (METHOD, path template)
 #: driven by tests/controlplane/test_publish.py and tests/security/test_commit_integrity.py
 _INTEGRITY_422: frozenset[Operation] = frozenset({("POST", "/v1/uploads"), ("POST", "/v1/uploads/{upload_id}/commit")})
 
-__all__ = ["callers"]  # a fixture shared with test_auth
 
 
 def _operations(doc: dict[str, Any]) -> dict[Operation, dict[str, Any]]:

@@ -324,3 +324,7 @@ async def webhook() -> AsyncIterator[Webhook]:
     hook.url = f"http://127.0.0.1:{port}/judge"
     yield hook
     await runner.cleanup()
+
+
+# Imported last: the module imports this conftest.
+from tests.kubernetes.rbac_parts import in_cluster as in_cluster  # noqa: E402 - a fixture for every test below this folder

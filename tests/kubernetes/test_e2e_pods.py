@@ -29,8 +29,8 @@ from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
 from tests.gpu_loader.staged_versions import stage
 from tests.kubernetes.conftest import NAMESPACE, VersionedEmulator
 from tests.kubernetes.kubelet import Cluster, expand_vars, map_paths, map_ports, pod_ready
+from tests.kubernetes.rbac_parts import NEEDED_ELSEWHERE, InClusterApi
 from tests.kubernetes.rollout_parts import apply, replicasets, status, verb
-from tests.kubernetes.test_rbac import NEEDED_ELSEWHERE, InClusterApi, in_cluster  # noqa: F401  # fixture
 from weightship.schemas import NodeCounters, NodeHeartbeat
 from weightship.testing import eventually_async
 
@@ -320,7 +320,7 @@ async def diagnosis(server: VersionedEmulator, cluster: Cluster, operator: Any, 
 @pytest.mark.timeout(900)
 async def test_modelrollout_pods_serve_their_own_version_through_a_judged_canary_an_automatic_and_a_cli_rollback(
     kmock_server: VersionedEmulator,
-    in_cluster: InClusterApi,  # noqa: F811  # the fixture imported above
+    in_cluster: InClusterApi,  # the fixture imported above
     cluster: Cluster,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -19,6 +19,7 @@ from tests.controlplane.conftest import (
     role_headers,
     seed_versions,
 )
+from tests.security.ticket_parts import fleet_state as fleet_state  # a fixture for every test below this folder
 
 __all__ = [
     "cluster_cache",

@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from tests.controlplane.conftest import ADMIN_HEADERS, problem, seed_versions
-from tests.security.test_ticket_issuance import Headers, _ask, fleet_state
+from tests.security.ticket_parts import Headers, _ask
 
 pytestmark = pytest.mark.timeout(60)
 
-__all__ = ["fleet_state", "seed_versions"]  # fixtures shared with the ticket-issuance suite
+__all__ = ["seed_versions"]  # the control-plane suite's fixture, used here
 
 
 def _enrol(client: httpx.Client, name: str, *deployments: str, labels: dict[str, str]) -> Headers:

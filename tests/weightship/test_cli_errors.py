@@ -12,14 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.weightship.test_cli_e2e import CHUNK, ControlPlane, controlplane, models
+from tests.weightship.cli_parts import CHUNK, ControlPlane
 from weightship.cli.errors import WORDING
 from weightship.errors import NotFoundError, PreconditionFailed, TemporaryError, WeightshipError
 from weightship.problems import error_from_response
 
 pytestmark = pytest.mark.timeout(120)
 
-__all__ = ["controlplane", "models"]  # fixtures shared with test_cli_e2e
 
 #: what a CLI message must never show: REST routes, HTTP verbs and headers, JSON field names
 REST_WORDS = ("/v1/", "GET ", "POST ", "PUT ", "DELETE ", "If-Match", "ETag", "Authorization", "canary_share", "'to'")

@@ -7,11 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.weightship.test_cli_e2e import ADMIN, ControlPlane, _publish, controlplane, models
+from tests.weightship.cli_parts import ADMIN, ControlPlane, _publish
 from weightship.client import Client
 from weightship.schemas import NodeEnrolRequest, NodeHeartbeat, NodeLabels, VersionInventory, VersionState
-
-__all__ = ["controlplane", "models"]  # fixtures shared with test_cli_e2e
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.parametrize("controlplane", ["local"], indirect=True)]
 

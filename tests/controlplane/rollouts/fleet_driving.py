@@ -13,18 +13,23 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
+import pytest
+
 from controlplane.fleet import desired_deployment, record_heartbeat, register_node
 from controlplane.persistence.rows import DeploymentRow
 from controlplane.rollout_driver import FleetRolloutDriver
+from controlplane.settings import Settings
 from controlplane.state import AppState
-from tests.controlplane.conftest import LiveControlPlane
+from tests.controlplane.conftest import LiveControlPlane, SeedVersions
 from weightship.schemas import (
     DeploymentState,
     FetchFailure,
@@ -33,11 +38,13 @@ from weightship.schemas import (
     NodeInfo,
     NodeRegistration,
     NodeServeMetrics,
+    Role,
     SwitchHookResult,
     VersionInventory,
     VersionServeMetrics,
     VersionState,
 )
+from weightship.testing import ManualUTCClock
 
 __all__ = ["Hook", "SimFleet", "driver_of", "metric", "tick"]
 
@@ -189,3 +196,100 @@ class SimFleet:
             beat = record_heartbeat(self.state, node.id, node.name, report)
             assert self.loop is not None
             asyncio.run_coroutine_threadsafe(beat, self.loop).result(timeout=60)
+
+
+Headers = dict[Role, dict[str, str]]
+
+
+@pytest.fixture
+def cp_settings(cp_settings: Settings) -> Settings:
+    """The live control plane without its background driver: the tests tick it."""
+    return dataclasses.replace(cp_settings, rollout_tick_seconds=0.0)
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    server = Hook()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def clock(live_controlplane: LiveControlPlane) -> ManualUTCClock:
+    fake = ManualUTCClock()
+    driver_of(live_controlplane).clock = fake
+    return fake
+
+
+@dataclasses.dataclass
+class World:
+    """A deployment ``chat`` of model ``m`` serving v1 on four nodes; v2 and v3 are ready."""
+
+    client: httpx.Client
+    headers: Headers
+    versions: dict[str, str]
+    fleet: SimFleet
+    clock: ManualUTCClock
+    cp: LiveControlPlane
+
+    @property
+    def operator(self) -> dict[str, str]:
+        return self.headers[Role.operator]
+
+    def start(self, spec: dict[str, Any], status: int = 201, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        response = self.client.post(
+            "/v1/deployments/chat/rollouts", json={"spec": spec}, headers=headers or self.operator
+        )
+        assert response.status_code == status, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def get(self, rollout_id: str = "current") -> dict[str, Any]:
+        response = self.client.get(f"/v1/deployments/chat/rollouts/{rollout_id}", headers=self.operator)
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def act(self, rollout_id: str, verb: str) -> httpx.Response:
+        return self.client.post(
+            f"/v1/deployments/chat/rollouts/{rollout_id}/actions", json={"verb": verb}, headers=self.operator
+        )
+
+    def pointer(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.client.get("/v1/deployments/chat", headers=self.operator).json()
+        return body
+
+    def history(self) -> list[dict[str, Any]]:
+        body: list[dict[str, Any]] = self.client.get("/v1/deployments/chat/history", headers=self.operator).json()
+        return body
+
+    def run(self, rounds: int = 12, seconds: float = 1.0, **converge: Any) -> dict[str, Any]:
+        """Tick, let the fleet follow, advance the clock; until the rollout leaves Progressing."""
+        rollout = self.get()
+        for _ in range(rounds):
+            tick(self.cp)
+            self.fleet.converge(**converge)
+            self.clock.advance(seconds)
+            rollout = self.get()
+            if rollout["phase"] != "Progressing" or rollout["completed"]:
+                break
+        return rollout
+
+
+@pytest.fixture
+def world(
+    cp_client: httpx.Client,
+    role_headers: Headers,
+    seed_versions: SeedVersions,
+    cp_state: AppState,
+    clock: ManualUTCClock,
+    live_controlplane: LiveControlPlane,
+) -> World:
+    versions = seed_versions("m", ("v1", "v2", "v3"))
+    admin = role_headers[Role.admin]
+    assert cp_client.post("/v1/deployments", json={"name": "chat", "model": "m"}, headers=admin).status_code == 201
+    put = cp_client.put("/v1/deployments/chat/pointer", json={"stable": "v1"}, headers={**admin, "If-Match": '"0"'})
+    assert put.status_code == 200, put.text
+    fleet = SimFleet(live_controlplane, "chat", 4)
+    fleet.converge()
+    return World(cp_client, role_headers, versions, fleet, clock, live_controlplane)

@@ -24,13 +24,16 @@ from controlplane.rollouts.phases import Phase
 from controlplane.rollouts.spec import parse_spec
 from controlplane.state import AppState
 from tests.controlplane.conftest import LiveControlPlane, SeedVersions
-from tests.controlplane.rollouts.fleet_driving import Hook, SimFleet, metric, tick
-from tests.controlplane.rollouts.test_resources import (  # noqa: F401 - fixtures
+from tests.controlplane.rollouts.fleet_driving import (  # noqa: F401 - fixtures (cp_settings: no background driver)
     Headers,
+    Hook,
+    SimFleet,
     World,
     clock,
     cp_settings,
     hook,
+    metric,
+    tick,
     world,
 )
 from weightship.schemas import Role

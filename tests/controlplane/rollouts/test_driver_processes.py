@@ -21,7 +21,7 @@ from sqlalchemy import select
 from controlplane.persistence.engine import make_engine, make_sessionmaker
 from controlplane.persistence.rows import RolloutRow
 from tests.agent.controlplane_process import ADMIN_TOKEN, ControlPlaneProcess
-from tests.controlplane.test_multiprocess import seed
+from tests.controlplane.replica_parts import seed
 from weightship.testing import eventually as poll_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]

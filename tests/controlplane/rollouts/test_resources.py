@@ -8,127 +8,39 @@ own fleet functions. Analysis measures through a real local webhook server.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 
 from controlplane.persistence.rows import utcnow
 from controlplane.rollout_driver import FleetRolloutDriver, Outcome
-from controlplane.settings import Settings
 from controlplane.state import AppState
-from tests.controlplane.conftest import LiveControlPlane, SeedVersions, problem
-from tests.controlplane.rollouts.fleet_driving import Hook, SimFleet, driver_of, metric, tick
+from tests.controlplane.conftest import problem
+from tests.controlplane.rollouts.fleet_driving import (  # noqa: F401 - fixtures (cp_settings: no background driver)
+    Hook,
+    SimFleet,
+    World,
+    clock,
+    cp_settings,
+    driver_of,
+    hook,
+    metric,
+    tick,
+    world,
+)
 from weightship.schemas import Role
 from weightship.testing import ManualUTCClock
 
 pytestmark = pytest.mark.timeout(120)
 
-Headers = dict[Role, dict[str, str]]
 
 #: ``setWeight: 25`` on these four nodes: no node's bucket is under 0.25, so the share is raised to
 #: take the one whose bucket is lowest (0.3724…): a weight moves at least one node (docs/rollouts.md)
 SHARE_25 = 0.3725
 
 
-@pytest.fixture
-def cp_settings(cp_settings: Settings) -> Settings:
-    """The live control plane without its background driver: the tests tick it."""
-    return dataclasses.replace(cp_settings, rollout_tick_seconds=0.0)
-
-
-@pytest.fixture
-def hook() -> Iterator[Hook]:
-    server = Hook()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def clock(live_controlplane: LiveControlPlane) -> ManualUTCClock:
-    fake = ManualUTCClock()
-    driver_of(live_controlplane).clock = fake
-    return fake
-
-
-@dataclasses.dataclass
-class World:
-    """A deployment ``chat`` of model ``m`` serving v1 on four nodes; v2 and v3 are ready."""
-
-    client: httpx.Client
-    headers: Headers
-    versions: dict[str, str]
-    fleet: SimFleet
-    clock: ManualUTCClock
-    cp: LiveControlPlane
-
-    @property
-    def operator(self) -> dict[str, str]:
-        return self.headers[Role.operator]
-
-    def start(self, spec: dict[str, Any], status: int = 201, headers: dict[str, str] | None = None) -> dict[str, Any]:
-        response = self.client.post(
-            "/v1/deployments/chat/rollouts", json={"spec": spec}, headers=headers or self.operator
-        )
-        assert response.status_code == status, response.text
-        body: dict[str, Any] = response.json()
-        return body
-
-    def get(self, rollout_id: str = "current") -> dict[str, Any]:
-        response = self.client.get(f"/v1/deployments/chat/rollouts/{rollout_id}", headers=self.operator)
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body
-
-    def act(self, rollout_id: str, verb: str) -> httpx.Response:
-        return self.client.post(
-            f"/v1/deployments/chat/rollouts/{rollout_id}/actions", json={"verb": verb}, headers=self.operator
-        )
-
-    def pointer(self) -> dict[str, Any]:
-        body: dict[str, Any] = self.client.get("/v1/deployments/chat", headers=self.operator).json()
-        return body
-
-    def history(self) -> list[dict[str, Any]]:
-        body: list[dict[str, Any]] = self.client.get("/v1/deployments/chat/history", headers=self.operator).json()
-        return body
-
-    def run(self, rounds: int = 12, seconds: float = 1.0, **converge: Any) -> dict[str, Any]:
-        """Tick, let the fleet follow, advance the clock; until the rollout leaves Progressing."""
-        rollout = self.get()
-        for _ in range(rounds):
-            tick(self.cp)
-            self.fleet.converge(**converge)
-            self.clock.advance(seconds)
-            rollout = self.get()
-            if rollout["phase"] != "Progressing" or rollout["completed"]:
-                break
-        return rollout
-
-
-@pytest.fixture
-def world(
-    cp_client: httpx.Client,
-    role_headers: Headers,
-    seed_versions: SeedVersions,
-    cp_state: AppState,
-    clock: ManualUTCClock,
-    live_controlplane: LiveControlPlane,
-) -> World:
-    versions = seed_versions("m", ("v1", "v2", "v3"))
-    admin = role_headers[Role.admin]
-    assert cp_client.post("/v1/deployments", json={"name": "chat", "model": "m"}, headers=admin).status_code == 201
-    put = cp_client.put("/v1/deployments/chat/pointer", json={"stable": "v1"}, headers={**admin, "If-Match": '"0"'})
-    assert put.status_code == 200, put.text
-    fleet = SimFleet(live_controlplane, "chat", 4)
-    fleet.converge()
-    return World(cp_client, role_headers, versions, fleet, clock, live_controlplane)
-
-
-def two_analyses(hook: Hook, **first: Any) -> dict[str, Any]:
+def two_analyses(hook: Hook, **first: Any) -> dict[str, Any]:  # noqa: F811
     return {
         "version": "v2",
         "steps": [
@@ -141,7 +53,7 @@ def two_analyses(hook: Hook, **first: Any) -> dict[str, Any]:
     }
 
 
-def test_a_rollout_that_passes_every_step_makes_the_version_stable(world: World, hook: Hook) -> None:
+def test_a_rollout_that_passes_every_step_makes_the_version_stable(world: World, hook: Hook) -> None:  # noqa: F811
     hook.answers = {"quality": [0.01], "latency": [0.05]}
     created = world.start(two_analyses(hook))
     assert created["phase"] == "Progressing"
@@ -169,7 +81,7 @@ def test_a_rollout_that_passes_every_step_makes_the_version_stable(world: World,
     assert active == {"rollouts": []}
 
 
-def test_failure_at_the_second_analysis_rolls_back_automatically(world: World, hook: Hook) -> None:
+def test_failure_at_the_second_analysis_rolls_back_automatically(world: World, hook: Hook) -> None:  # noqa: F811
     hook.answers = {"quality": [0.01], "latency": [0.9]}
     created = world.start(two_analyses(hook))
 
@@ -193,7 +105,7 @@ def test_failure_at_the_second_analysis_rolls_back_automatically(world: World, h
     assert world.client.get("/v1/rollouts?active=true", headers=world.operator).json() == {"rollouts": []}
 
 
-def test_an_inconclusive_analysis_pauses_until_promoted(world: World, hook: Hook) -> None:
+def test_an_inconclusive_analysis_pauses_until_promoted(world: World, hook: Hook) -> None:  # noqa: F811
     hook.answers = {"quality": [0.3], "latency": [0.0]}
     created = world.start(two_analyses(hook, failureCondition="result > 0.5"))
 
@@ -207,7 +119,7 @@ def test_an_inconclusive_analysis_pauses_until_promoted(world: World, hook: Hook
     assert world.run()["completed"]
 
 
-def test_no_data_is_never_counted_as_success(world: World, hook: Hook) -> None:
+def test_no_data_is_never_counted_as_success(world: World, hook: Hook) -> None:  # noqa: F811
     hook.answers = {"quality": [None]}
     world.start(two_analyses(hook))
 
@@ -222,7 +134,7 @@ def test_no_data_is_never_counted_as_success(world: World, hook: Hook) -> None:
     assert world.pointer()["stable"] == world.versions["v1"]
 
 
-def test_a_prefetch_that_cannot_complete_moves_no_traffic_and_names_the_node(world: World, hook: Hook) -> None:
+def test_a_prefetch_that_cannot_complete_moves_no_traffic_and_names_the_node(world: World, hook: Hook) -> None:  # noqa: F811
     world.start(two_analyses(hook))
     disk_full = {"node-2": world.versions["v2"]}
 
@@ -241,7 +153,7 @@ def test_a_prefetch_that_cannot_complete_moves_no_traffic_and_names_the_node(wor
     assert set(world.fleet.serving.values()) == {world.versions["v1"]}
 
 
-def test_the_progress_deadline_aborts_a_stuck_prefetch(world: World, hook: Hook) -> None:
+def test_the_progress_deadline_aborts_a_stuck_prefetch(world: World, hook: Hook) -> None:  # noqa: F811
     spec = {**two_analyses(hook), "progressDeadlineSeconds": 60}
     world.start(spec)
     disk_full = {"node-2": world.versions["v2"]}
@@ -258,7 +170,7 @@ def test_the_progress_deadline_aborts_a_stuck_prefetch(world: World, hook: Hook)
     assert (pointer["stable"], pointer["canary"]) == (world.versions["v1"], None)
 
 
-def test_abort_retry_and_promote_full_over_rest(world: World, hook: Hook) -> None:
+def test_abort_retry_and_promote_full_over_rest(world: World, hook: Hook) -> None:  # noqa: F811
     spec = {"version": "v2", "steps": [{"setWeight": 25}, {"pause": {}}, {"setWeight": 50}]}
     created = world.start(spec)
     rollout_id = created["id"]
@@ -294,7 +206,7 @@ def test_abort_retry_and_promote_full_over_rest(world: World, hook: Hook) -> Non
     assert "rollback" in problem(late)["detail"]
 
 
-def test_a_second_rollout_of_a_deployment_is_refused_while_one_is_active(world: World, hook: Hook) -> None:
+def test_a_second_rollout_of_a_deployment_is_refused_while_one_is_active(world: World, hook: Hook) -> None:  # noqa: F811
     first = world.start({"version": "v2", "steps": [{"pause": {}}]})
 
     refused = world.client.post(
@@ -311,7 +223,7 @@ def test_a_second_rollout_of_a_deployment_is_refused_while_one_is_active(world: 
 
 
 def test_bad_specs_unknown_versions_and_publishers_get_clear_refusals(
-    world: World, hook: Hook, cp_state: AppState
+    world: World, hook: Hook, cp_state: AppState  # noqa: F811
 ) -> None:
     bad = world.client.post(
         "/v1/deployments/chat/rollouts",
@@ -349,7 +261,7 @@ def test_bad_specs_unknown_versions_and_publishers_get_clear_refusals(
     assert allowed.json()["created_by"] == "test-publisher"
 
 
-def test_a_deposed_driver_cannot_move_the_pointer(world: World, hook: Hook, cp_state: AppState) -> None:
+def test_a_deposed_driver_cannot_move_the_pointer(world: World, hook: Hook, cp_state: AppState) -> None:  # noqa: F811
     created = world.start({"version": "v2", "steps": [{"setWeight": 25}, {"pause": {}}]})
     first = driver_of(world.cp)
     assert first.take_lease(created["id"])
