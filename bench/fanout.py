@@ -65,6 +65,7 @@ from weightship.client import Client
 from weightship.digests import hex_of
 from weightship.errors import WeightshipError
 from weightship.sizes import parse_size
+from weightship.testing import eventually
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -132,19 +133,11 @@ def agent_flags() -> set[str]:
 
 
 def wait_until(probe: Callable[[], Any], seconds: float, what: str) -> Any:
-    """Poll ``probe`` until truthy; exit naming ``what`` after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = probe()
-            if result:
-                return result
-            last = result
-        except (OSError, ValueError, KeyError, httpx.HTTPError, WeightshipError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {seconds:.0f}s waiting for {what} (last: {last!r})")
+    """Poll ``probe`` until truthy (``weightship.testing.eventually``); exit naming ``what`` after ``seconds``."""
+    try:
+        return eventually(probe, seconds, what, not_yet=(OSError, ValueError, KeyError, httpx.HTTPError, WeightshipError))
+    except AssertionError as timed_out:
+        raise SystemExit(str(timed_out)) from None
 
 
 @dataclass

@@ -58,6 +58,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from weightship.testing import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "ws_bench-admin-token-0123456789abcdefghij"  # noqa: S105 - a throw-away local server's
 P99_LIMIT_MS = 50.0
@@ -121,13 +123,6 @@ async def json_request(conn: Conn, method: str, path: str, body: Any = None, ext
 
 
 # --- the system under test ----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

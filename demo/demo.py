@@ -38,7 +38,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,24 +61,16 @@ MODEL = "demo-llama"
 DEPLOYMENT = "demo-chat"
 console = Console(highlight=False, width=120)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
+from weightship.testing import eventually, free_port
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 60.0, interval: float = 0.02) -> float:
-    """Poll ``check`` until true; the seconds it took. Fails loudly on timeout."""
+    """Poll ``check`` until true (``weightship.testing.eventually``); the seconds it took. Exits on timeout."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        try:
-            if check():
-                return time.monotonic() - start
-        except (httpx.HTTPError, OSError):
-            pass
-        time.sleep(interval)
-    raise SystemExit(f"demo: timed out after {timeout:.0f}s waiting for {what}")
+    try:
+        eventually(check, timeout, what, interval=interval, not_yet=(httpx.HTTPError, OSError))
+    except AssertionError:
+        raise SystemExit(f"demo: timed out after {timeout:.0f}s waiting for {what}") from None
+    return time.monotonic() - start
 
 
 class Processes:

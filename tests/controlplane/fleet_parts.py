@@ -13,6 +13,7 @@ import pytest
 from controlplane import snapshot
 from controlplane.state import AppState
 from weightship.schemas import Role
+from weightship.testing import eventually
 
 Headers = dict[str, str]
 
@@ -68,12 +69,8 @@ def desired(client: httpx.Client, headers: Headers, node_id: str, **params: Any)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout}s")
-        time.sleep(0.01)  # ok-sleep: polling interval of a deadline loop
+    """Poll ``condition`` until it holds, or fail after ``timeout`` seconds (``weightship.testing.eventually``)."""
+    eventually(condition, timeout, what, interval=0.01)
 
 
 class BackgroundPoll:
