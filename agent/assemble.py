@@ -34,6 +34,7 @@ from weightship.errors import IntegrityError, WeightshipError
 from weightship.layout import MANIFEST_FILE, META_DIR
 from weightship.logs import event
 from weightship.manifest import Manifest, manifest_bytes_match, parse_manifest
+from weightship.signing import write_directory_signatures
 
 __all__ = ["Assembler", "ManifestSource", "Progress"]
 
@@ -125,6 +126,8 @@ class Assembler:
         resumed = staging.journal_path.exists()
         try:
             await self._run(staging.open)
+            if self.gate is not None and self.gate.passed_with.get(digest):
+                await self._run(write_directory_signatures, staging.dir, self.gate.passed_with[digest])
             if resumed:
                 await self._run(staging.reverify)
             self.staging[digest] = staging  # served from now on, in place of an earlier try's (re-checked above)

@@ -44,6 +44,8 @@ class SignatureGate:
         self.policy = policy
         self.source = source
         self._accepted: dict[str, Verdict] = {}
+        #: digest -> the signatures it passed with (kept beside the version for loaders that check again)
+        self.passed_with: dict[str, list[bytes]] = {}
 
     def required(self, model: str) -> bool:
         """Whether the policy has anything to check for ``model``."""
@@ -59,6 +61,7 @@ class SignatureGate:
         known = self._accepted.get(manifest.digest)
         if known is not None:
             return known.reason
+        bundles: list[bytes] = []
         if not self.required(manifest.model):
             verdict = Verdict(True, "the policy checks nothing for this model")
         else:
@@ -72,6 +75,7 @@ class SignatureGate:
                 fields={"model": manifest.model, "version": manifest.digest, "reason": verdict.reason},
             )
         self._accepted[manifest.digest] = verdict
+        self.passed_with[manifest.digest] = bundles
         event(log, "signature.accepted", model=manifest.model, digest=manifest.digest, reason=verdict.reason)
         return verdict.reason
 

@@ -13,6 +13,12 @@ of the nodes switch to it, the control plane judges the canary on the model serv
 fails validation: the rollout aborts by itself and the canary nodes switch back to v2, already on
 their disks (0 bytes). Finally ``weightship rollback`` by hand returns everyone to v1.
 
+Every version is signed at publish (``--sign-key``, the OpenSSF model-signing format) and every
+agent and the cache run with a signing policy of their own that requires the release key. At the
+end a tampered copy of v1 is published unsigned and the pointer moved to it (the control plane
+plays one that was taken over: it has no policy): every node refuses it before fetching a byte,
+says why, and keeps serving what it served.
+
 With ``--model-dir`` the story runs on a real checkpoint instead (any model ``weightship-serve``
 builds, e.g. a Hugging Face directory): v1 is the directory as it is, v2 the same with one norm
 scale nudged (``gpu_loader.variants --nudge``: a stand-in for a fine-tune, one weight file
@@ -27,7 +33,8 @@ measurement -> every canary node back on stable), ``canary_max_share``, ``serve_
 ``serve_versions_seen`` (node-0's answers, in order: v1, v2, v1; node-0 is never a canary at 25 %
 or 50 %), ``origin_bytes``, ``peer_bytes`` and ``cache_bytes`` (where the bytes came from; the
 origin's count includes what the cache read from it), and ``v1_origin_bytes`` / ``v1_bytes`` (how
-many copies of v1 the origin sent).
+many copies of v1 the origin sent), ``signed_versions`` (how many versions were signed) and
+``unsigned_refused`` (true only when every node refused the tampered, unsigned version).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from rich.table import Table
 
 from weightship.client import Client
 from weightship.schemas import NodeInfo, Role, Rollout
+from weightship.testing import eventually, free_port
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -61,7 +69,6 @@ MODEL = "demo-llama"
 DEPLOYMENT = "demo-chat"
 console = Console(highlight=False, width=120)
 
-from weightship.testing import eventually, free_port
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 60.0, interval: float = 0.02) -> float:
     """Poll ``check`` until true (``weightship.testing.eventually``); the seconds it took. Exits on timeout."""
@@ -311,7 +318,7 @@ def served_digest(url: str) -> str | None:
     return str(response.json().get("digest")) if response.status_code == 200 else None
 
 
-def start_cache(procs: Processes, work: Path, cp_url: str, token: str, env: dict[str, str]) -> str:
+def start_cache(procs: Processes, work: Path, cp_url: str, token: str, env: dict[str, str], policy: Path) -> str:
     """A cluster cache (``--role cache --tier cluster``, the cluster's tracker too) reading from the origin; its URL.
 
     No ``--upstream``: the demo has no region cache, so the cache's misses and read-ahead go to the
@@ -320,7 +327,8 @@ def start_cache(procs: Processes, work: Path, cp_url: str, token: str, env: dict
     peer, api = free_port(), free_port()
     argv = [PY, "-m", "agent", "--role", "cache", "--tier", "cluster", "--control-plane", cp_url, "--token", token,
             "--name", "demo-cache", "--data-dir", str(work / "cache"), "--local-api", f"127.0.0.1:{api}",
-            "--peer-listen", f"127.0.0.1:{peer}", "--heartbeat-interval", "0.5"]  # fmt: skip
+            "--peer-listen", f"127.0.0.1:{peer}", "--heartbeat-interval", "0.5",
+            "--signing-policy", str(policy)]  # fmt: skip
     procs.start("cache", argv, env)
     url = f"http://127.0.0.1:{peer}"
     wait_until("the cluster cache", lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200)
@@ -345,6 +353,56 @@ def origin_bytes(nodes: list[NodeInfo], cache_url: str) -> int:
         if line.startswith('weightship_cache_fetch_bytes_total{source="origin"}')
     )
     return source_total(nodes, "origin") + cache
+
+
+def signing_setup(work: Path, model: str) -> tuple[bytes, Path]:
+    """A release key (EC P-256) and a signing policy requiring it for ``model``: (private key PEM, policy file)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    (work / "keys").mkdir()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (work / "keys" / "release.key").write_bytes(pem)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    policy = work / "signing-policy.json"
+    body = {"require_signature": True, "keys": [{"id": "release", "public_key": public.decode()}]}
+    policy.write_text(json.dumps({"models": {model: body}}, indent=2))
+    return pem, policy
+
+
+def tampered_act(
+    work: Path, cp_url: str, publisher: str, ops: Client, model: str, nodes: Callable[[], list[NodeInfo]], agents: int
+) -> bool:
+    """Publish a tampered, unsigned copy of v1 and point at it; whether every node refused it (and why)."""
+    tampered = work / "v1-tampered"
+    shutil.copytree(work / "v1", tampered)
+    weights = sorted(tampered.glob("*.safetensors"))[-1]
+    with open(weights, "r+b") as handle:  # one byte of the last tensor changed: what an attacker would ship
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 0x01]))
+    with Client(cp_url, publisher) as client:
+        digest = client.publish_directory(tampered, model, ["v1-tampered"]).version.digest
+    ops.set_pointer(DEPLOYMENT, digest, expected_epoch=ops.get_deployment(DEPLOYMENT).epoch, reason="tampered")
+
+    def refusals() -> dict[str, str]:
+        found = {}
+        for node in nodes():
+            item = next((i for i in node.inventory if i.digest == digest), None)
+            if item is not None and item.problem is not None and item.problem.reason.value == "signature_refused":
+                found[node.name] = item.problem.message
+        return found
+
+    took = wait_until("every node to refuse the tampered, unsigned version", lambda: len(refusals()) >= agents)
+    found = refusals()
+    for name, why in sorted(found.items()):
+        console.print(f"{name} refused {digest[:19]} (tampered copy of v1, unsigned) in {took:.1f}s: "
+                      f"{why.split(' (version')[0]}")  # fmt: skip
+    never_ready = not any(i.digest == digest and i.state.value == "ready" for n in nodes() for i in n.inventory)
+    ops.rollback(DEPLOYMENT, reason="tampered version refused by every node")
+    return len(found) >= agents and never_ready
 
 
 def mb(n: int) -> str:
@@ -414,6 +472,10 @@ def main() -> None:
         # The status page follows the whole story live (docs/ui.md); it needs a token that may read.
         console.print(f"status page: {cp_url}/ui/ (sign in with the read token {viewer}; live until the demo ends)")
 
+        # The release key signs every version at publish; each agent's own policy file trusts only it.
+        release_key, policy = signing_setup(work, model_name)
+        console.print(f"signing: release key {work / 'keys'}/release.key; every node's policy ({policy.name}) requires it")
+
         # 2. Three versions of a real safetensors model; v2 and v3 redraw only the last shard, v3 is broken.
         t0 = time.monotonic()
         if args.model_dir is not None:
@@ -448,7 +510,7 @@ def main() -> None:
         results = []
         with Client(cp_url, publisher) as client:
             for label in ("v1", "v2", "v3"):
-                r = client.publish_directory(work / label, model_name, [label])
+                r = client.publish_directory(work / label, model_name, [label], sign_key=release_key)
                 results.append(r)
                 table.add_row(
                     label,
@@ -470,7 +532,7 @@ def main() -> None:
         first = start_rollout(cp_url, operator, "v1", work, args.canary_weight, steps=False, analysis=analysis)
         wait_until("the v1 rollout to make v1 stable", lambda: ops.get_rollout(DEPLOYMENT, first).completed)
         rollouts.append({"version": "v1", "phase": ops.get_rollout(DEPLOYMENT, first).phase, "steps": 0})
-        cache_url = start_cache(procs, work, cp_url, cache_token, env)
+        cache_url = start_cache(procs, work, cp_url, cache_token, env, policy)
         console.print(f"cluster cache (and the cluster's tracker) at {cache_url}, reading from the origin")
         ports = [free_port() for _ in range(args.agents)]
         for i, port in enumerate(ports):
@@ -479,7 +541,7 @@ def main() -> None:
                     "--data-dir", str(work / f"node-{i}"), "--deployment", DEPLOYMENT,
                     "--local-api", f"127.0.0.1:{port}", "--heartbeat-interval", "0.5", "--zone", f"zone-{i % 2}",
                     "--gpu-type", "demo", "--peer-listen", f"127.0.0.1:{peer_port}",
-                    "--cluster-cache", cache_url]  # fmt: skip
+                    "--cluster-cache", cache_url, "--signing-policy", str(policy)]  # fmt: skip
             procs.start(f"agent-{i}", argv, env)
         took = wait_until(
             f"{args.agents} agents to fetch, verify and serve v1", lambda: all_serving(procs, ports, v1), timeout=180
@@ -619,6 +681,7 @@ def main() -> None:
                 names.get(ev.to_canary or "", "-"), f"{ev.canary_share:.0%}", ev.reason,
             )  # fmt: skip
         console.print(history)
+        unsigned_refused = tampered_act(work, cp_url, publisher, ops, model_name, nodes, args.agents)
         ops.close()
 
         figures = {
@@ -644,6 +707,8 @@ def main() -> None:
             "cache_bytes": source_total(final, "cluster_cache"),
             "v1_bytes": v1_size,
             "v1_origin_bytes": v1_origin,
+            "signed_versions": sum(1 for r in results if r.signatures),
+            "unsigned_refused": unsigned_refused,
         }
         if args.hold > 0:
             console.print(f"status page still at {cp_url}/ui/ for {args.hold:.0f} s (Ctrl-C to stop)")

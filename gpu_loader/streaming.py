@@ -322,7 +322,7 @@ class StreamingLoader(Loader):
         """A streaming session of the version being assembled in ``directory``, attached to its feed."""
         if shard is not None:
             raise ValidationError("tensor-parallel loads are not streamed: load the version once it is ready")
-        version = open_version(directory, manifest, digest)
+        version = open_version(directory, manifest, digest, self.options.signing_policy)
         session = streaming_session(self, version, device=device, dtype=dtype, verify=verify, names=names)
         session.scans = self.stats
         self._attach(session)

@@ -29,6 +29,8 @@ from weightship.layout import (
 )
 from weightship.manifest import FileEntry, Manifest, parse_manifest
 from weightship.safetensors_header import SafetensorsHeader, parse_header
+from weightship.signing import directory_signatures, require_version
+from weightship.signing_policy import SigningPolicy
 
 __all__ = ["OpenFile", "Version", "open_version"]
 
@@ -249,12 +251,17 @@ def _same_header(raw: bytes, expected: SafetensorsHeader) -> bool:
 
 
 def open_version(
-    directory: str | os.PathLike[str], manifest: Manifest | None = None, digest: str | None = None
+    directory: str | os.PathLike[str],
+    manifest: Manifest | None = None,
+    digest: str | None = None,
+    policy: SigningPolicy | None = None,
 ) -> Version:
     """Open a version directory; ``manifest`` defaults to the one stored in ``.weightship/``.
 
     The stored manifest is checked against ``digest``, or against the directory's name when that
-    name is a digest's hex (the agent's layout ``versions/<hex>/``).
+    name is a digest's hex (the agent's layout ``versions/<hex>/``). With a signing ``policy`` the
+    version must pass it with the signatures kept in the directory (``.weightship/signatures/``,
+    written by the agent, or a top-level ``model.sig``); else ``SignatureRefused``.
     """
     root = Path(directory)
     if not root.is_dir():
@@ -272,4 +279,6 @@ def open_version(
                 ) from None
     elif digest is not None and manifest.digest != digest:
         raise ManifestError(f"the manifest given is {manifest.digest}, not the expected {digest}")
+    if policy is not None:
+        require_version(manifest, directory_signatures(root), policy.for_model(manifest.model))
     return Version(directory=root, manifest=manifest)

@@ -87,3 +87,9 @@ def test_demo_promotes_the_good_version_and_rolls_the_broken_one_back_by_itself(
     # v3 failed validation on its canary: no model server ever answered with it
     v1, v2, _ = figures["serve_versions_seen"]
     assert sorted(figures["serve_versions_answered"]) == sorted({v1, v2})
+
+
+def test_demo_signs_its_versions_and_every_node_refuses_a_tampered_unsigned_one(demo_figures: dict[str, object]) -> None:
+    figures: dict[str, Any] = demo_figures
+    assert figures["signed_versions"] == figures["versions_published"]
+    assert figures["unsigned_refused"] is True

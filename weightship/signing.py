@@ -30,6 +30,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from cryptography import exceptions, x509
@@ -39,6 +40,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import BaseModel, ConfigDict, Field
 
 from weightship.errors import IntegrityError, ValidationError
+from weightship.layout import META_DIR
 from weightship.manifest import SIGNATURE_FILE, Manifest
 from weightship.signing_policy import CertificateTrust, KeyTrust, ModelPolicy, key_id
 
@@ -52,10 +54,12 @@ __all__ = [
     "Verdict",
     "VersionSignatures",
     "check_version",
+    "directory_signatures",
     "parse_bundle",
     "require_version",
     "sign_manifest",
     "statement_for",
+    "write_directory_signatures",
 ]
 
 
@@ -66,6 +70,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 #: what ``model_signing sign`` leaves out of a directory by default, plus the signature itself
 DEFAULT_IGNORE_PATHS = (SIGNATURE_FILE, ".git", ".gitignore", ".github", ".gitattributes")
+#: where a node keeps the signatures a version passed with, beside its manifest (``versions/<hex>/.weightship/``)
+SIGNATURES_DIR = "signatures"
 _CURVE_HASH: dict[int, type[hashes.HashAlgorithm]] = {256: hashes.SHA256, 384: hashes.SHA384, 521: hashes.SHA512}
 
 
@@ -418,3 +424,25 @@ def require_version(manifest: Manifest, bundles: Sequence[bytes], policy: ModelP
             fields={"model": manifest.model, "digest": manifest.digest, "reason": verdict.reason},
         )
     return verdict.reason
+
+
+def write_directory_signatures(directory: Path, bundles: Sequence[bytes]) -> None:
+    """Keep ``bundles`` in ``directory``'s ``.weightship/signatures/`` (named by digest) for loaders to check."""
+    target = Path(directory) / META_DIR / SIGNATURES_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for raw in bundles:
+        path = target / (hashlib.sha256(raw).hexdigest() + ".sig")
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(raw)
+            tmp.replace(path)
+
+
+def directory_signatures(directory: Path) -> list[bytes]:
+    """The signatures kept with a version directory: ``.weightship/signatures/*.sig`` and a top-level ``model.sig``."""
+    root = Path(directory)
+    found = [p.read_bytes() for p in sorted((root / META_DIR / SIGNATURES_DIR).glob("*.sig"))]
+    top = root / SIGNATURE_FILE
+    if top.is_file():
+        found.append(top.read_bytes())
+    return found
