@@ -246,11 +246,15 @@ class Hub:
         while self._watchers > 0 and not self.draining:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=self._poll)
+            if self._watchers == 0 or self.draining:
+                break
             fingerprint = self._reports_fingerprint()
             due = time.monotonic() - last_read >= self._recheck and self._unannounced_changes()
             if not (self._changed.is_set() or fingerprint != self._reports_seen or due or self._stale_due()):
                 continue
             await asyncio.sleep(self._debounce)  # a burst of changes: one read
+            if self._watchers == 0 or self.draining:
+                break  # the last page closed meanwhile: nobody needs the read
             self._changed.clear()
             self._reports_seen = self._reports_fingerprint()
             last_read = time.monotonic()
