@@ -20,15 +20,12 @@
 from __future__ import annotations
 
 import hashlib
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from controlplane.app import create_app
@@ -44,6 +41,7 @@ from tests.controlplane.fleet_parts import quiet_recheck as quiet_recheck
 from weightship.manifest import Manifest, build_manifest
 from weightship.schemas import PartUpload, Role, UploadSession, VersionInfo
 from weightship.testing import problem as problem  # the control plane's tests import it from here
+from weightship.testing import serve_in_thread
 
 ADMIN_TOKEN = "ws_test-bootstrap-admin-0123456789abcdef"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -152,21 +150,8 @@ class LiveControlPlane:
 def live_controlplane(cp_settings: Settings) -> Iterator[LiveControlPlane]:
     """The app under uvicorn in a background thread, on a port the kernel picks."""
     app = create_app(cp_settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", limit_concurrency=500)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start within 30 s")
-        time.sleep(0.02)  # ok-sleep: polling interval of a deadline loop
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield LiveControlPlane(url=f"http://127.0.0.1:{port}", app=app)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve_in_thread(app, lifespan="on", limit_concurrency=500) as url:
+        yield LiveControlPlane(url=url, app=app)
 
 
 @pytest.fixture

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from typer.testing import CliRunner, Result
 
 from weightship.cli import app
-from weightship.testing import free_port
+from weightship.testing import free_port, serve_in_thread
 
 ADMIN = "ws_admin_e2e_bootstrap_token"
 
@@ -48,20 +45,8 @@ class ControlPlane:
 def _serve(settings: Any, port: int) -> Iterator[str]:
     from controlplane.app import create_app
 
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning", ws="none")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="controlplane", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the control plane did not start within 30 s (see the log above)")
-        time.sleep(0.02)  # ok-sleep: polling interval of a deadline loop
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with serve_in_thread(create_app(settings), port=port, ws="none") as url:
+        yield url
 
 
 @pytest.fixture(params=["local", "s3"])

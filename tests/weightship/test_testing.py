@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(30)
 
 def test_public_surface_is_exactly_all() -> None:
     names = {"NOT_YET", "TEST_CHUNK", "FaultProxy", "ManualClock", "ManualUTCClock", "Origin", "Served"}
-    names |= {"eventually", "eventually_async", "free_port", "kill9", "problem", "terminate", "wait_for_port"}
+    names |= {"eventually", "eventually_async", "free_port", "kill9", "problem", "serve_in_thread", "terminate", "wait_for_port"}
     assert set(weightship.testing.__all__) == names
     for name in names:
         assert getattr(weightship.testing, name).__doc__ or name in {"NOT_YET", "TEST_CHUNK"}

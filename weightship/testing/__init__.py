@@ -8,6 +8,7 @@
   holds the answers a test selects (a misbehaving network, CDN or cache);
 - ``kill9`` / ``terminate``: end a process a test started, as a crash or cleanly.
 - ``problem``: the RFC 9457 problem details of an error answer, checked for every member.
+- ``serve_in_thread``: an ASGI app under a real uvicorn server in a thread (real HTTP, in-process);
 - ``ManualClock`` / ``ManualUTCClock``: clocks a test moves by hand (timeouts without waiting).
 
 Nothing here imitates weightship's own components: tests run the real control plane and agent.
@@ -19,6 +20,7 @@ from weightship.testing.clocks import ManualClock, ManualUTCClock
 from weightship.testing.origins import TEST_CHUNK, FaultProxy, Origin, Served
 from weightship.testing.problems import problem
 from weightship.testing.processes import kill9, terminate
+from weightship.testing.servers import serve_in_thread
 from weightship.testing.waiting import NOT_YET, eventually, eventually_async, free_port, wait_for_port
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "free_port",
     "kill9",
     "problem",
+    "serve_in_thread",
     "terminate",
     "wait_for_port",
 ]
