@@ -74,6 +74,7 @@ EVERYTHING_ELSE = {
     },
     "autoscaling": {"scaleTargetRef": {"name": "chat"}, "hpa": {"enabled": True}},
     "metrics": {"serviceMonitor": {"enabled": True}},
+    "signing": {"policy": {"models": {"llama": {"require_signature": False}}}},
 }
 
 SCENARIOS: dict[str, dict[str, Any]] = {

@@ -186,3 +186,38 @@ spec:
   verbs: [get, list, watch, update, patch]
 {{- end }}
 {{- end -}}
+
+{{/*
+Signed versions (docs/signing.md): whether an agent policy is configured, and its env, mount and volume.
+The policy comes from values (a ConfigMap the chart renders), an existing ConfigMap or an existing Secret.
+*/}}
+{{- define "weightship.signingEnabled" -}}
+{{- $s := .Values.signing -}}
+{{- if or $s.policy $s.existingConfigMap $s.existingSecret }}true{{ end -}}
+{{- end }}
+
+{{- define "weightship.signingEnv" -}}
+{{- if include "weightship.signingEnabled" . }}
+- {name: WEIGHTSHIP_AGENT_SIGNING_POLICY, value: {{ printf "/etc/weightship/signing/%s" .Values.signing.key | quote }}}
+{{- end }}
+{{- end }}
+
+{{- define "weightship.signingMount" -}}
+{{- if include "weightship.signingEnabled" . }}
+- {name: signing-policy, mountPath: /etc/weightship/signing, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{- define "weightship.signingVolume" -}}
+{{- $s := .Values.signing -}}
+{{- if $s.existingSecret }}
+- name: signing-policy
+  secret: {secretName: {{ $s.existingSecret }}, defaultMode: 0444}
+{{- else if $s.existingConfigMap }}
+- name: signing-policy
+  configMap: {name: {{ $s.existingConfigMap }}, defaultMode: 0444}
+{{- else if $s.policy }}
+- name: signing-policy
+  configMap: {name: {{ include "weightship.fullname" . }}-signing-policy, defaultMode: 0444}
+{{- end }}
+{{- end }}
