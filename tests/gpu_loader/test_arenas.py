@@ -23,6 +23,7 @@ from gpu_loader.sharding import ShardSpec
 from gpu_loader.staging import StagingRing
 from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import odd_tensors, stage
+from tests.gpu_loader.tensors import same_bytes
 from weightship.errors import ValidationError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,14 +41,6 @@ def expected(name: str, tensor: torch.Tensor, shard: ShardSpec | None, dtype: to
     if dtype is not None and tensor.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         tensor = tensor.to(dtype)
     return tensor.contiguous()
-
-
-def same_bytes(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return (
-        got.dtype == want.dtype
-        and got.shape == want.shape
-        and torch.equal(got.contiguous().view(torch.uint8), want.view(torch.uint8))
-    )
 
 
 @pytest.mark.parametrize("shard", [None, ShardSpec(1, 2, split)], ids=["whole", "tp"])

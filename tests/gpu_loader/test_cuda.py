@@ -34,6 +34,7 @@ from gpu_loader.validation import validate
 from gpu_loader.version import open_version
 from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import manifest_of, odd_tensors, stage
+from tests.gpu_loader.tensors import assert_same, same_bytes
 from weightship.testing import eventually as poll_until
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -51,17 +52,6 @@ SLEEP_CYCLES = 5_000_000
 def cpu_reference(version: Path, shard: ShardSpec | None = None) -> dict[str, torch.Tensor]:
     with Loader() as loader:
         return loader.load(version, verify="full", shard=shard).tensors
-
-
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = a.cpu().contiguous(), b.cpu().contiguous()
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
-def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert set(got) == set(want)
-    wrong = [name for name, tensor in want.items() if not same_bytes(got[name], tensor)]
-    assert not wrong, f"{len(wrong)} tensor(s) differ from the CPU load, e.g. {wrong[:3]}"
 
 
 @pytest.fixture

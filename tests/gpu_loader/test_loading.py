@@ -15,6 +15,7 @@ from gpu_loader.model import LlamaConfig, build_model, column_parallel
 from gpu_loader.sharding import ShardSpec
 from tests.gpu_loader.conftest import Versions
 from tests.gpu_loader.staged_versions import CHUNK, manifest_of
+from tests.gpu_loader.tensors import assert_same
 
 
 def reference(version: Path) -> dict[str, torch.Tensor]:
@@ -23,14 +24,6 @@ def reference(version: Path) -> dict[str, torch.Tensor]:
     for path in sorted(version.glob("*.safetensors")):
         tensors.update(load_file(path))
     return tensors
-
-
-def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert set(got) == set(want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype, name
-        assert got[name].shape == tensor.shape, name
-        assert torch.equal(got[name].view(torch.uint8), tensor.view(torch.uint8)), name
 
 
 @pytest.mark.parametrize("mapped", [False, True], ids=["owned", "mapped"])
