@@ -39,6 +39,8 @@ ROLE_CONTRACT: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/models/{}/versions/{}"): ANY,
     ("GET", "/v1/models/{}/versions/{}/manifest"): ANY,
     ("POST", "/v1/models/{}/labels"): only(PUBLISHER),
+    ("GET", "/v1/models/{}/versions/{}/signatures"): ANY,
+    ("POST", "/v1/models/{}/versions/{}/signatures"): only(PUBLISHER),
     # deployments
     ("POST", "/v1/deployments"): only(OPERATOR),
     ("GET", "/v1/deployments"): ANY,
