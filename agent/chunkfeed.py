@@ -72,7 +72,10 @@ class ChunkFeeds:
 
     def page(self, digest: str, after: int, token: str, described: LocalVersion) -> LocalChunkPage:
         """What a reader at cursor ``after`` of feed ``token`` may read now (possibly nothing new)."""
-        self._asked[digest] = time.monotonic()
+        now = time.monotonic()
+        if len(self._asked) > 64:  # digests asked for once and never again
+            self._asked = {d: t for d, t in self._asked.items() if now - t < STREAMING_SECONDS}
+        self._asked[digest] = now
         manifest = self.store.ready().get(digest)
         if manifest is not None:
             self._feeds.pop(digest, None)

@@ -473,7 +473,7 @@ class Server:
                     continue
                 prepared_or_none = await self._install_streamed(agent, digest, name)
                 if prepared_or_none is None:
-                    continue  # installed meanwhile: load it as usual
+                    continue  # not fetched yet (renew the lease, ask again), or installed meanwhile
                 loaded = True
                 prepared = prepared_or_none
             else:
@@ -498,7 +498,11 @@ class Server:
             agent, digest, name, poll=max(1.0, min(self.config.poll_seconds, 10.0)),
             on_state=lambda state, reason: self._wait_state(state, reason, 0, 0),
         )  # fmt: skip
-        version = await stream.start()
+        try:
+            # Back to the caller now and then, so it renews its lease while the fetch has not begun.
+            version = await asyncio.wait_for(stream.start(), max(1.0, self.config.lease_seconds / 3))
+        except TimeoutError:
+            return None
         if version is None:
             return None
         # The agent renames the staging directory into versions/ once the fetch ends, maybe in the middle
