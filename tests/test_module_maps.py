@@ -1,0 +1,37 @@
+"""Each component's ``__init__`` names every one of its modules, one line each, and the architecture page its layers."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def modules_of(package: str) -> list[str]:
+    """The modules (``name``) and subpackages (``name/``) directly inside ``package``."""
+    folder = REPO / package
+    found = [p.stem for p in folder.glob("*.py") if p.name != "__init__.py"]
+    found += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", ["controlplane", "agent", "gpu_loader", "weightship"])
+def test_the_package_map_names_every_module(package: str) -> None:
+    doc = importlib.import_module(package).__doc__ or ""
+    listed = set(re.findall(r"^- ``([\w/]+)``: \S", doc, re.MULTILINE))
+    missing = [name for name in modules_of(package) if name not in listed]
+    assert not missing, f"add a one-line entry for {missing} to the module map in {package}/__init__.py"
+
+
+def test_the_architecture_page_puts_every_control_plane_module_in_a_layer() -> None:
+    page = (REPO / "docs" / "architecture.md").read_text()
+    table = page[page.index("| layer | modules | holds |") :].split("\n\n")[0]
+    named = set(re.findall(r"`([\w]+)/?`", table))
+    missing = [name for name in modules_of("controlplane") if name.rstrip("/") not in named]
+    assert not missing, f"docs/architecture.md's layer table leaves out {missing}"
