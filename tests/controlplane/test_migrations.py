@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +22,7 @@ from controlplane.__main__ import main
 from controlplane.persistence import migrate
 from controlplane.persistence.engine import make_engine
 from controlplane.persistence.rows import Base
+from weightship.testing import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,17 +112,13 @@ def test_serve_command_migrates_at_start_and_serves_the_api(tmp_path: Path) -> N
     command = [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-            while True:
+
+            def ready() -> bool:
                 assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the control plane did not become ready within 60 s"
-                time.sleep(0.05)  # ok-sleep: polling interval of a deadline loop
+                return client.get("/readyz").status_code == 200
+
+            eventually(ready, 60, "the control plane to become ready", not_yet=(httpx.TransportError,))
             response = client.get("/v1/tokens", headers={"Authorization": f"Bearer {token}"})
             assert response.status_code == 200
             assert [t["role"] for t in response.json()] == ["admin"]

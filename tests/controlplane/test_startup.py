@@ -12,7 +12,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 from tests.controlplane.startup_parts import STRONG_ADMIN, _env
 from weightship.client import Client
-from weightship.testing import free_port
+from weightship.testing import eventually, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,16 +42,12 @@ def serving(workdir: Path, port: int, env: dict[str, str]) -> Iterator[tuple[str
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def ready() -> bool:
             assert proc.poll() is None, f"exited {proc.returncode}: {log_path.read_text()}"
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the control plane did not become ready within 60 s"
-            time.sleep(0.05)  # ok-sleep: polling interval of a deadline loop
+            return httpx.get(url + "/readyz", timeout=2).status_code == 200
+
+        eventually(ready, 60, "the control plane to become ready", not_yet=(httpx.TransportError,))
         yield url, log_path
     finally:
         proc.terminate()
