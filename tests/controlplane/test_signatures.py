@@ -93,7 +93,7 @@ def test_a_signature_by_an_untrusted_key_is_refused_naming_model_key_and_reason(
     assert "unknown key" in problem["detail"]
 
 
-def test_unsigned_publish_pointer_move_and_rollback_are_refused_once_the_policy_requires_signatures(
+def test_unsigned_publish_pointer_move_rollback_rollout_and_preheat_are_refused_once_the_policy_requires_signatures(
     publisher: Publisher,
     keys: dict[str, Signer],
     policy_file: Path,
@@ -119,6 +119,13 @@ def test_unsigned_publish_pointer_move_and_rollback_are_refused_once_the_policy_
     assert rolled.status_code == 422, rolled.text
     assert rolled.json()["code"] == "signature_refused"
     assert unsigned in rolled.json()["detail"]
+    rollout = cp_client.post(
+        "/v1/deployments/chat/rollouts", json={"spec": {"version": unsigned, "steps": []}}, headers=operator
+    )
+    preheat = cp_client.post("/v1/deployments/chat/preheats", json={"version": unsigned}, headers=operator)
+    for refused in (rollout, preheat):
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["code"] == "signature_refused"
 
 
 def test_weightship_publish_signs_in_the_format_model_signing_verifies_for_the_directory_as_it_is(
