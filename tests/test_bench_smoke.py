@@ -87,6 +87,7 @@ BENCHES = [
         "ui_idle.py",
         ("--nodes", "50", "--versions", "3", "--pages", "3", "--seconds", "1"),
         ("queries_many_pages_over_idle", "idle.queries_per_s", "many_pages.queries_per_s", "many_pages.cpu_share", "extra_queries_per_s_many_pages", "page_load_ms"),
+        timeout=120.0,  # a control plane started and stopped, and three measured windows
     ),
 ]
 

@@ -54,7 +54,8 @@ def test_five_thousand_nodes_and_fifty_versions_render_summarised_and_paged(
     page = cp_client.get("/ui/")
     took = time.monotonic() - started
     assert page.status_code == 200
-    assert took < 10, f"the page took {took:.1f} s with {NODES} nodes"
+    # about 0.5 s on an idle 2-core machine (bench/ui_idle.py); the bound only catches a stall
+    assert took < 30, f"the page took {took:.1f} s with {NODES} nodes"
     # bounded whatever the fleet: a summary per version and place, 50 problem nodes, one page of nodes
     assert len(page.content) < 256 * 1024, len(page.content)
     assert "stable <span" in page.text
