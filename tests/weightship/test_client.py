@@ -88,6 +88,7 @@ def _error(status: int, code: str, message: str) -> httpx.Response:
         (
             weightship.problems,
             {
+                "LEGACY_CODES",
                 "MAX_RETRY_AFTER",
                 "PROBLEM_MEDIA_TYPE",
                 "error_from_response",
