@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from controlplane.ui.sessions import COOKIE
 from tests.controlplane.conftest import ADMIN_HEADERS, SeedVersions
+from tests.controlplane.sse_events import events
 from weightship.schemas import Role
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,19 +27,6 @@ def sign_in(client: httpx.Client, token: str) -> httpx.Response:
 
 def secret(headers: dict[str, str]) -> str:
     return headers["Authorization"].removeprefix("Bearer ")
-
-
-def events(response: httpx.Response) -> Iterator[tuple[str, str]]:
-    """(event, data) of a server-sent-events response, as they arrive."""
-    name, data = "message", ""
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            data = line.removeprefix("data: ")
-        elif line == "" and data:
-            yield name, data
-            name, data = "message", ""
 
 
 def test_without_a_session_only_the_login_form_is_served(cp_client: httpx.Client, seed_versions: SeedVersions) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from controlplane.ui.routes import UiState
 from tests.controlplane.conftest import ADMIN_HEADERS, ADMIN_TOKEN, LiveControlPlane, SeedVersions
-from tests.controlplane.test_ui_access import events
+from tests.controlplane.sse_events import events
 from weightship.testing import eventually
 
 pytestmark = pytest.mark.timeout(60)
