@@ -1,4 +1,4 @@
-"""Each component's ``__init__`` names every one of its modules, one line each, and the architecture page its layers."""
+"""Each component's ``__init__`` names its modules, the architecture page its layers, and no test module imports another."""
 
 from __future__ import annotations
 
@@ -35,3 +35,12 @@ def test_the_architecture_page_puts_every_control_plane_module_in_a_layer() -> N
     named = set(re.findall(r"`([\w]+)/?`", table))
     missing = [name for name in modules_of("controlplane") if name.rstrip("/") not in named]
     assert not missing, f"docs/architecture.md's layer table leaves out {missing}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers and fixtures live in helper modules and conftest files, never in a ``test_*.py``."""
+    pattern = re.compile(r"^\s*(?:from tests(?:\.\w+)*\.test_\w+ import|import tests(?:\.\w+)*\.test_\w+)", re.MULTILINE)
+    offenders = [
+        str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py") if pattern.search(path.read_text())
+    ]
+    assert not offenders, f"these import a test module; move what they share to a helper module or conftest: {offenders}"
