@@ -44,3 +44,12 @@ def test_no_test_module_imports_another() -> None:
         str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py") if pattern.search(path.read_text())
     ]
     assert not offenders, f"these import a test module; move what they share to a helper module or conftest: {offenders}"
+
+
+def test_no_check_skips_because_a_project_file_is_missing() -> None:
+    """A missing file of the project fails its checks; it never turns them into skips."""
+    pattern = re.compile(r"(?:skipif\([^)]*(?:exists|is_file)\(\)|if not [^\n]*(?:exists|is_file)\(\):\n\s*pytest\.skip)")
+    offenders = [
+        str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py") if pattern.search(path.read_text())
+    ]
+    assert not offenders, f"these skip when a file is missing; let the check fail instead: {offenders}"
