@@ -47,7 +47,6 @@ import multiprocessing
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,7 +57,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from weightship.testing import free_port
+from weightship.testing import eventually_async, free_port, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "ws_bench-admin-token-0123456789abcdefghij"  # noqa: S105 - a throw-away local server's
@@ -154,15 +153,12 @@ def start_server(database_url: str, workdir: Path) -> Server:
     log = open(workdir / "controlplane.log", "ab")  # noqa: SIM115 - lives as long as the process
     argv = [sys.executable, "-m", "controlplane", "serve", "--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"control plane exited: {(workdir / 'controlplane.log').read_text()[-2000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return Server(proc, port)
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("control plane did not listen within 60 s")
+    try:
+        wait_for_port(port, 60, proc)
+    except (RuntimeError, AssertionError) as failed:
+        proc.kill()
+        raise RuntimeError(f"control plane did not listen ({failed}): {(workdir / 'controlplane.log').read_text()[-2000:]}") from None
+    return Server(proc, port)
 
 
 def stop_server(server: Server) -> None:
@@ -513,15 +509,20 @@ class Wave:
         return 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("inf")
 
 
+async def parked(port: int, count: int, within: float) -> None:
+    """Return once ``count`` long-polls are parked on the control plane (``weightship.testing.eventually_async``)."""
+
+    async def all_parked() -> bool:
+        return await metric(port, "weightship_desired_long_polls") >= count
+
+    await eventually_async(all_parked, within, f"{count} long-polls to park", interval=0.5)
+
+
 async def wave(
     fleet: Fleet, pollers: Pollers, admin: Conn, server: Server, rate: float, label: str, args: argparse.Namespace
 ) -> Wave:
     """Heartbeats at ``rate`` for ``--wave-seconds`` from a pointer change to ``label`` on."""
-    deadline = time.monotonic() + 120
-    while await metric(server.port, "weightship_desired_long_polls") < len(fleet.nodes):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the long-polls did not all park again within 120 s")
-        await asyncio.sleep(0.5)
+    await parked(server.port, len(fleet.nodes), 120)
     log(f"  wave at {rate:.0f}/s starts at {time.time():.1f} (load average {os.getloadavg()[0]:.2f})")
     cpu0, t0 = server.cpu_seconds(), time.monotonic()
     slow: list[float] = []
@@ -553,11 +554,7 @@ async def measure(database_url: str, args: argparse.Namespace, workdir: Path) ->
         await register_all(fleet, args.nodes)
         log(f"registered {args.nodes} nodes in {time.monotonic() - began:.1f}s")
         pollers = Pollers(server.port, fleet.tokens)
-        deadline = time.monotonic() + 300
-        while await metric(server.port, "weightship_desired_long_polls") < args.nodes:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the long-polls did not all park within 300 s")
-            await asyncio.sleep(0.5)
+        await parked(server.port, args.nodes, 300)
         log(f"{args.nodes} long-polls parked after {time.monotonic() - began:.1f}s")
         scrape = await scrape_cost(server.port)
 
