@@ -56,7 +56,7 @@ from controlplane.persistence.rows import DeploymentRow, NodeRow, TicketKeyRow, 
 from controlplane.persistence.store import manifest_key
 from controlplane.staging import matches, staged_digests
 from controlplane.state import AppState, SigningKeys
-from weightship.errors import ForbiddenError, NotFoundError
+from weightship.errors import ForbiddenError, NotFoundError, ValidationError
 from weightship.logs import event
 from weightship.manifest import MAX_MANIFEST_BYTES, parse_manifest
 from weightship.schemas import TicketGrant
@@ -209,7 +209,14 @@ def entitled_blobs(state: AppState, node_id: str) -> set[str]:
         entitled = entitled_versions(session, node)
         ready = list(session.scalars(select(VersionRow.digest).where(VersionRow.digest.in_(entitled),
                                                                      VersionRow.state == "ready")))  # fmt: skip
-    return {blob for digest in ready for blob in _blobs_of(state, digest)}
+    blobs: set[str] = set()
+    for digest in ready:
+        try:
+            blobs |= _blobs_of(state, digest)
+        except (ForbiddenError, NotFoundError, ValidationError) as exc:
+            # One unreadable manifest withholds its own blobs, not those of the node's other versions.
+            event(log, "manifest.unreadable", logging.ERROR, version=digest, node=node_id, error=exc.message)
+    return blobs
 
 
 def issue_ticket(

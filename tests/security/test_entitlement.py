@@ -200,3 +200,22 @@ def test_a_deployment_assigned_by_label_selector_reaches_the_nodes_enrolled_with
     # selectors name node labels only
     bad = httpx.put(url, json={"selector": {"owner": "me"}}, headers=_bearer(ADMIN_TOKEN), timeout=10)
     assert bad.status_code == 400, bad.text
+
+
+def test_one_corrupt_stored_manifest_withholds_only_its_own_blobs(
+    fleet: Fleet, model: str, make_model: Callable[..., Path]
+) -> None:
+    v1 = fleet.publish(make_model("v1", tensors_mb=0.1, seed=31), f"{model}-c", "v1")
+    v2 = fleet.publish(make_model("v2", tensors_mb=0.1, seed=32), f"{model}-c", "v2")
+    fleet.point(f"{model}-chat", f"{model}-c", "v1")
+    fleet.point(f"{model}-chat", f"{model}-c", "v2")  # the node is entitled to v2 (stable) and v1 (previous)
+    stored = fleet.cp.workdir / "origin" / "manifests" / "sha256" / v1.digest.removeprefix("sha256:")
+    stored.write_bytes(b'{"not": "a manifest"}')  # a bucket writer broke v1's manifest
+    enrolled = _enrol(fleet, _token(fleet, f"{model}-chat-only", deployments=[f"{model}-chat"]), f"{model}-n", f"{model}-chat")
+    assert enrolled.status_code == 201, enrolled.text
+    node = _bearer(enrolled.json()["token"])
+
+    assert _urls(fleet, node, v2).status_code == 200, "the sound version's blobs are still served"
+    refused = _urls(fleet, node, v1)
+    assert refused.status_code == 403, refused.text
+    assert problem(refused)["code"] == "blob_not_entitled"
