@@ -38,7 +38,7 @@ from agent.rangeclient import RangeClient, UrlRejected
 from agent.sources import Deferred, Sources, Want, is_busy, reason_of
 from agent.staging import ChunkJob, Staging
 from agent.store import LocalChunk
-from weightship.backoff import DelaySequence
+from weightship.backoff import Backoff, DelaySequence
 from weightship.errors import DiskFullError, IntegrityError, StoreError, TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.manifest import Manifest
@@ -47,6 +47,11 @@ from weightship.schemas import BlobURL
 __all__ = ["BlobURLSource", "CorruptChunkError", "Fetcher"]
 
 log = logging.getLogger("agent.fetcher")
+
+
+def _chunk_retryable(error: WeightshipError) -> bool:
+    """A chunk is fetched again after bad bytes, a lapsed URL, a store error or a temporary failure."""
+    return isinstance(error, (IntegrityError, TemporaryError, StoreError))
 
 #: refresh a blob URL this long before it expires
 URL_MARGIN = timedelta(seconds=30)
@@ -331,42 +336,38 @@ class Fetcher:
         loop = asyncio.get_running_loop()
         if self.sources is not None and await self._from_sources(staging, job, view, defer):
             return
-        backoff = DelaySequence(self.backoff_initial, self.backoff_max)
-        last: WeightshipError | None = None
         rejected = 0
-        for attempt in range(1, self.attempts + 1):
+
+        async def once() -> None:
+            nonlocal rejected
             try:
                 url = await self._url(job.blob)
                 await self._get_range(url, job.blob_offset, view)
                 await loop.run_in_executor(self.executor, staging.place, job, view)
-                self.counters.sources.delivered("origin", job.length)
-                if self.sources is not None:
-                    self.sources.verified(staging.manifest, [job.digest])
-                return
-            except IntegrityError as exc:
+            except IntegrityError:
                 self.counters.sources.failed("origin")
                 self.counters.add(chunks_rejected=1)
                 rejected += 1
-                last = exc
-            except UrlRejected as exc:
+                raise
+            except UrlRejected:
                 self._url_cache.pop(job.blob, None)
-                last = exc
-            except (TemporaryError, StoreError) as exc:
-                last = exc
-            if attempt < self.attempts:
-                delay = backoff.next_delay()
-                event(
-                    log,
-                    "fetch.chunk_retry",
-                    logging.WARNING,
-                    chunk=job.digest,
-                    attempt=attempt,
-                    retry_in=f"{delay:.2f}",
-                    error=last.message,
-                )
-                warn(last)
-                await asyncio.sleep(delay)
-        assert last is not None
+                raise
+
+        def retrying(attempt: int, delay: float, error: WeightshipError) -> None:
+            event(log, "fetch.chunk_retry", logging.WARNING, chunk=job.digest, attempt=attempt,
+                  retry_in=f"{delay:.2f}", error=error.message)  # fmt: skip
+            warn(error)
+
+        backoff = Backoff(attempts=self.attempts, base=self.backoff_initial, cap=self.backoff_max, jitter_floor=0.8)
+        try:
+            await backoff.run_async(once, retryable=_chunk_retryable, on_retry=retrying)
+        except (IntegrityError, TemporaryError, StoreError) as exc:
+            last: WeightshipError = exc
+        else:
+            self.counters.sources.delivered("origin", job.length)
+            if self.sources is not None:
+                self.sources.verified(staging.manifest, [job.digest])
+            return
         first = job.placements[0]
         entry = staging.manifest.files[first.file]
         message = (
