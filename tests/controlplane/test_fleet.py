@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import update
 
 from controlplane.fleet import RECHECK_SECONDS, canary_bucket, in_canary
+from controlplane.http import fleet as fleet_routes
 from controlplane.persistence.rows import DeploymentRow, NodeRow, utcnow
 from controlplane.state import AppState
 from tests.controlplane.conftest import problem
@@ -274,8 +275,15 @@ def test_long_poll_answers_within_a_second_of_a_pointer_change(
 
 
 def test_long_poll_sees_a_change_committed_by_another_replica(
-    live_controlplane: Any, cp_client: httpx.Client, agent: Headers, chat: dict[str, str], cp_state: AppState
+    live_controlplane: Any,
+    cp_client: httpx.Client,
+    agent: Headers,
+    chat: dict[str, str],
+    cp_state: AppState,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The poll parks for its whole wait, not to its node's phase (which may come before the re-read).
+    monkeypatch.setattr(fleet_routes, "expiry", lambda _node_id, _now, wait: wait)
     node_id = register(cp_client, agent, "gpu-1", "chat")
     revision = desired(cp_client, agent, node_id)["revision"]
     poll = BackgroundPoll(live_controlplane.url, agent, node_id, revision, wait=20)
