@@ -7,8 +7,9 @@
 3. Files identical to a file of a ready version are hard-linked (zero bytes written).
 4. Retention makes room for the bytes still to be written, or raises ``DiskFullError``.
 5. The fetcher places every missing chunk (local copies, then range requests), verified.
-6. The files are fsynced and made read-only, the verification record is written, and the
-   directory is renamed into ``versions/``; only then does the version count as ready.
+6. The files are made read-only, the verification record is written, and the directory is
+   renamed into ``versions/``; only then does the version count as ready. With a ``Flusher``,
+   the version is flushed to disk just after (``agent.durability``); without one, before.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from agent.counters import Counters
+from agent.durability import Flusher
 from agent.fetcher import Fetcher
 from agent.retention import Retention
 from agent.signatures import SignatureGate
@@ -83,8 +85,11 @@ class Assembler:
         on_trouble: Callable[[], None] = lambda: None,
         on_placed: Callable[[], None] = lambda: None,
         gate: SignatureGate | None = None,
+        flusher: Flusher | None = None,
     ) -> None:
         self.store = store
+        #: makes ready versions durable in the background; None: each is flushed before it is ready
+        self.flusher = flusher
         #: the node's signing policy, checked before any chunk of a version is fetched (``agent.signatures``)
         self.gate = gate
         self.on_trouble = on_trouble
@@ -186,9 +191,12 @@ class Assembler:
             # (a full disk stops our downloads, not our uploads) or was cancelled leaves its verified
             # chunks on disk and announced: they stay served until the next try or an eviction.
             self.staging.pop(digest, None)
-            final = await self._run(staging.finish)
-            await self._run(self.store.install, final, manifest)
+            sync = self.flusher is None
+            final = await self._run(staging.finish, sync)
+            installed = await self._run(self.store.install, final, manifest, sync)
             staging.discard_journal()
+            if self.flusher is not None:
+                self.flusher.schedule(installed, digest)
         finally:
             staging.close()
         progress.bytes_present = manifest.total_size

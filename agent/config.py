@@ -75,6 +75,9 @@ class AgentConfig:
     poll_wait: float = 25.0
     backoff_initial: float = 0.2
     backoff_max: float = 10.0
+    #: seconds between a version becoming ready and its flush to disk (``agent.durability``); a crash before
+    #: the flush costs a re-hash of that version at start-up
+    sync_delay: float = 0.0
     #: also stage the other versions a deployment keeps (previous stable, canary) once idle
     prefetch: bool = True
     log_level: str = "info"
@@ -144,6 +147,8 @@ class AgentConfig:
             raise ValidationError("concurrency, peer_concurrency and chunk_attempts must be at least 1")
         if self.heartbeat_interval <= 0 or self.poll_wait <= 0 or self.backoff_initial <= 0:
             raise ValidationError("heartbeat_interval, poll_wait and backoff_initial must be positive")
+        if self.sync_delay < 0:
+            raise ValidationError("sync_delay must be zero or more seconds")
         if self.backoff_max < self.backoff_initial:
             raise ValidationError("backoff_max must be at least backoff_initial")
         if self.role not in ("node", "cache") or self.tier not in ("cluster", "region"):
@@ -185,6 +190,7 @@ _SIZE_KEYS |= {"peer_min_rate"}
 _INT_KEYS = {"concurrency", "chunk_attempts", "upload_concurrency", "upstream_concurrency", "peer_concurrency"}
 _INT_KEYS |= {"tracker_fanout", "tracker_upstream_slots", "read_ahead"}
 _FLOAT_KEYS = {"heartbeat_interval", "poll_wait", "backoff_initial", "backoff_max", "announce_interval"}
+_FLOAT_KEYS |= {"sync_delay"}
 _ALIASES = {"quota": "quota_bytes", "memory": "memory_bytes", "min_free": "min_free_bytes"}
 
 
@@ -215,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory", dest="memory_bytes", help="most bytes of chunk buffers in memory")
     parser.add_argument("--chunk-attempts", help="tries per chunk before a fetch fails")
     parser.add_argument("--heartbeat-interval", help="seconds between heartbeats")
+    parser.add_argument("--sync-delay", help="seconds from a version being ready to its flush to disk (default 0)")
     parser.add_argument("--poll-wait", help="seconds a desired-state long-poll waits")
     parser.add_argument("--backoff-initial", help="first retry delay in seconds")
     parser.add_argument("--backoff-max", help="longest retry delay in seconds")

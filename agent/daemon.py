@@ -44,6 +44,7 @@ from agent.chunkstore import ChunkStore
 from agent.config import AgentConfig
 from agent.controlplane_client import ControlPlaneClient
 from agent.counters import Counters
+from agent.durability import Flusher
 from agent.durable import atomic_write
 from agent.epochs import EpochBook
 from agent.fetcher import Fetcher
@@ -144,6 +145,7 @@ class Agent:
             sources=self.sources,
         )
         self.retention = Retention(self.store, config.quota_bytes, config.min_free_bytes)
+        self.flusher = Flusher(config.sync_delay)
         assembler = Assembler(
             self.store,
             self.retention,
@@ -155,6 +157,7 @@ class Agent:
             on_trouble=self._changed.set,
             on_placed=self.serving.poke,
             gate=load_gate(self.config.signing_policy, self.controlplane),
+            flusher=self.flusher,
         )
         self.assembler = assembler
         self.chunk_feeds = ChunkFeeds(assembler.staging, self.store)
@@ -430,6 +433,7 @@ class Agent:
                 await self.sources.close()
             await self.blob_client.close()
             await self.controlplane.aclose()
+            self.flusher.close()  # a flush not yet run leaves its marker: the next start hashes that version
             self.executor.shutdown(wait=False, cancel_futures=True)
             self.state_executor.shutdown(wait=False, cancel_futures=True)
             c = self.counters.snapshot()

@@ -213,9 +213,6 @@ class Fetcher:
             buffers.put(buf)
             if not deferred:
                 pool.done()
-        if staging.unsynced:
-            # A file's last chunk landed: flush it now, with the buffer already back in the pool.
-            await asyncio.get_running_loop().run_in_executor(self.executor, staging.sync_completed)
 
     async def _fill(
         self,

@@ -11,9 +11,11 @@ only *after* their SHA-256 matched the manifest, and only then is a line appende
 After a kill -9 the journal names exactly the chunks already verified; a torn last line is
 ignored (that chunk is fetched again). On resume each journaled chunk is read back and hashed
 once more, so even a power loss that kept the journal line but not the data cannot let a bad
-chunk through. When every chunk is in place the files are fsynced and made read-only, the
-verification record is written, and ``store.install`` renames the directory into ``versions/``:
-nothing is ever visible as ready before every chunk was verified.
+chunk through. When every chunk is in place the files are made read-only, the verification
+record is written, and ``store.install`` renames the directory into ``versions/``: nothing is
+ever visible as ready before every chunk was verified. Nothing is fsynced on that path: the
+directory carries the unsynced marker from ``open`` on until ``agent.durability`` flushed it
+(``finish(sync=True)`` flushes inline instead), and a restart hashes an unsynced version again.
 
 A file of a ready version that its manifest says has the same sha256 is hard-linked (it is
 immutable), but only once this node knows the bytes match *this* manifest: a sha256 is only what
@@ -36,11 +38,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.durable import atomic_write, disk_full_as_ours, fsync_dir
+from agent.durability import make_durable, mark_unsynced
+from agent.durable import atomic_write, disk_full_as_ours
 from agent.store import LocalFile
 from agent.verifier import first_bad_chunk, read_matches, verify_chunk
 from weightship.digests import hex_of
-from weightship.layout import MANIFEST_FILE, META_DIR, VERIFIED_FILE, write_verification
+from weightship.layout import MANIFEST_FILE, META_DIR, write_verification
 from weightship.logs import event
 from weightship.manifest import FileEntry, Manifest, check_relative_path
 
@@ -90,10 +93,6 @@ class Staging:
         self.linked: set[int] = set()
         self._fds: dict[int, int] = {}
         self._journal_fd = -1
-        self._missing: dict[int, int] = {}  # chunks still to place, per open file
-        self._synced: set[int] = set()
-        #: files complete on disk but not yet fsynced (``sync_completed`` does it)
-        self.unsynced: set[int] = set()
         self._lock = threading.Lock()  # place() runs in several worker threads at once
 
     # --- opening and resuming ------------------------------------------------------------------
@@ -105,17 +104,12 @@ class Staging:
             manifest_path = self.dir / META_DIR / MANIFEST_FILE
             if not manifest_path.exists() or manifest_path.read_bytes() != self.manifest.raw:
                 atomic_write(manifest_path, self.manifest.raw)
+            mark_unsynced(self.dir)  # durable before the first chunk lands (``agent.durability``)
             self._read_journal()
             self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             for index, entry in enumerate(self.manifest.files):
                 if index not in self.linked:
                     self._open_file(index, check_relative_path(entry.path), entry.size)
-        self._count_missing()
-
-    def _count_missing(self) -> None:
-        self._missing = {
-            f: sum((f, c) not in self.done for c in range(len(self.manifest.files[f].chunks))) for f in self._fds
-        }
 
     def _read_journal(self) -> None:
         try:
@@ -172,7 +166,6 @@ class Staging:
                 failed += 1
         if failed:
             event(log, "staging.reverify_failed", logging.WARNING, digest=self.manifest.digest, chunks=failed)
-        self._count_missing()
         return failed
 
     # --- filling -------------------------------------------------------------------------------
@@ -240,7 +233,6 @@ class Staging:
         finally:
             tmp.unlink(missing_ok=True)
         os.close(self._fds.pop(index))
-        self._missing.pop(index, None)
         self.linked.add(index)
         self.done -= {(index, c) for c in range(len(entry.chunks))}
         self._journal(f"f {index}\n")
@@ -287,11 +279,8 @@ class Staging:
     def place(self, job: ChunkJob, data: memoryview) -> None:
         """Verify ``data`` against ``job.digest``, then write it to every place and journal it.
 
-        Raises ``IntegrityError`` (nothing written) if the bytes do not match. A file whose last
-        chunk this was waits in ``unsynced`` for ``sync_completed``, which the caller runs once it
-        gave ``data``'s buffer back, so no chunk buffer sits idle through an fsync. (Starting
-        writeback per chunk with ``sync_file_range`` was tried and dropped: on a busy disk it blocks
-        the writing thread, and with it the chunk's buffer, and fetches got slower.)
+        Raises ``IntegrityError`` (nothing written) if the bytes do not match. Nothing is fsynced
+        here: the version is flushed once, after it is ready (``agent.durability``).
         """
         entry = self.manifest.files[job.placements[0].file]
         verify_chunk(data, job.digest, f"chunk {job.placements[0].chunk} of {entry.path} in {self.manifest.digest}")
@@ -303,59 +292,28 @@ class Staging:
             with self._lock:
                 self._journal("".join(f"c {p.file} {p.chunk}\n" for p in job.placements))
                 self.done.update((p.file, p.chunk) for p in job.placements)
-                for p in job.placements:
-                    self._missing[p.file] -= 1
-                    if self._missing[p.file] == 0:
-                        self.unsynced.add(p.file)
-
-    def sync_completed(self) -> None:
-        """fsync the files whose every chunk is in place, while others still download.
-
-        So little is left for ``finish()``; safe to call from several worker threads at once.
-        """
-        with self._lock:
-            todo = sorted(self.unsynced)
-            self.unsynced.clear()
-        for f in todo:
-            with disk_full_as_ours(f"{self.manifest.files[f].path} of {self.manifest.digest}"):
-                os.fsync(self._fds[f])
-            with self._lock:
-                self._synced.add(f)
-
-    @property
-    def synced(self) -> frozenset[int]:
-        """Files already fsynced (``finish`` flushes the rest)."""
-        with self._lock:
-            return frozenset(self._synced)
 
     def _journal(self, lines: str) -> None:
         os.write(self._journal_fd, lines.encode("ascii"))
 
     # --- finishing -----------------------------------------------------------------------------
 
-    def finish(self) -> Path:
-        """Make every file durable and read-only and write the verification record.
+    def finish(self, sync: bool = True) -> Path:
+        """Make every file read-only and write the verification record; with ``sync``, flush it all first.
 
+        Without ``sync`` the directory keeps its unsynced marker for ``agent.durability.Flusher``.
         Call only when ``jobs()`` is empty; returns the directory to install.
         """
         missing = self.jobs()
         if missing:
             raise RuntimeError(f"{len(missing)} chunks of {self.manifest.digest} are still missing")
         with disk_full_as_ours(f"verification record of {self.manifest.digest}"):
-            for index, fd in sorted(self._fds.items()):
-                if index not in self._synced:
-                    os.fsync(fd)
+            for fd in self._fds.values():
                 os.fchmod(fd, 0o444)
             self.close()
-            for dirpath, _dirs, _files in os.walk(self.dir):
-                fsync_dir(Path(dirpath))
             write_verification(self.dir, self.manifest)
-            verified = os.open(self.dir / META_DIR / VERIFIED_FILE, os.O_RDONLY)
-            try:
-                os.fsync(verified)
-            finally:
-                os.close(verified)
-            fsync_dir(self.dir / META_DIR)
+            if sync:
+                make_durable(self.dir)
         return self.dir
 
     def close(self) -> None:

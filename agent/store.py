@@ -14,7 +14,8 @@ Layout under the data directory::
 
 A version appears under ``versions/`` only by an atomic rename of a fully verified staging
 directory, so anything found there at start-up was complete; start-up still checks each one
-(manifest digest, verification record, file sizes) and moves anything wrong to ``trash/``.
+(manifest digest, verification record, file sizes) and moves anything wrong to ``trash/``. A
+version that was ready but not yet flushed to disk (``agent.durability``) is hashed again first.
 Two deployments serving the same digest share one directory: a version is stored once.
 """
 
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.durability import is_unsynced, settle
 from agent.durable import atomic_symlink, atomic_write, fsync_dir
 from agent.verifier import check_version_dir
 from weightship.digests import format_digest, hex_of, is_hex
@@ -101,6 +103,15 @@ class VersionStore:
                 event(log, "store.version_discarded", logging.WARNING, path=str(entry), reason=exc.message)
                 self._discard(entry)
                 continue
+            if is_unsynced(entry):
+                # Ready but maybe not on the disk when the agent stopped: hashed again before it is trusted.
+                try:
+                    if not settle(entry, manifest, self.staging_dir):
+                        continue
+                except OSError as exc:
+                    event(log, "store.version_discarded", logging.WARNING, path=str(entry), reason=str(exc))
+                    self._discard(entry)
+                    continue
             self._ready[manifest.digest] = manifest
         for leftover in self.staging_dir.iterdir():
             # A crash between the rename into versions/ and the journal's removal leaves these.
@@ -131,15 +142,20 @@ class VersionStore:
         """The directory of version ``digest`` (ready or not)."""
         return version_dir(self.root, digest)
 
-    def install(self, staged: Path, manifest: Manifest) -> Path:
-        """Rename a fully verified staging directory into ``versions/`` (atomic)."""
+    def install(self, staged: Path, manifest: Manifest, sync: bool = True) -> Path:
+        """Rename a fully verified staging directory into ``versions/`` (atomic; durable with ``sync``).
+
+        Without ``sync`` the directory carries its unsynced marker, and ``agent.durability``
+        makes the rename durable with the rest.
+        """
         final = self.path(manifest.digest)
         if final.exists():
             # Another fetch of the same digest finished first; the bytes are identical.
             self._discard(staged)
         else:
             os.rename(staged, final)
-            fsync_dir(self.versions_dir)
+            if sync:
+                fsync_dir(self.versions_dir)
         with self._lock:
             self._ready[manifest.digest] = manifest
             self._invalidate()

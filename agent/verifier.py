@@ -20,7 +20,7 @@ from weightship.errors import IntegrityError
 from weightship.layout import read_verification, read_version_manifest
 from weightship.manifest import FileEntry, Manifest
 
-__all__ = ["check_version_dir", "chunk_matches", "first_bad_chunk", "read_matches", "verify_chunk"]
+__all__ = ["bad_chunks", "check_version_dir", "chunk_matches", "first_bad_chunk", "read_matches", "verify_chunk"]
 
 #: bytes read at a time when a whole file is hashed chunk by chunk
 READ_BLOCK = 4 * 1024 * 1024
@@ -72,6 +72,39 @@ def first_bad_chunk(fd: int, entry: FileEntry, chunk_size: int) -> int | None:
         if hasher.hexdigest() != expected:
             return index
     return None
+
+
+def bad_chunks(directory: Path, manifest: Manifest) -> dict[int, set[int]]:
+    """Every chunk of the files under ``directory`` that does not hash to ``manifest``'s digest, by file index.
+
+    A file that is missing or has the wrong size counts as bad in every chunk.
+    """
+    bad: dict[int, set[int]] = {}
+    buf = memoryview(bytearray(min(READ_BLOCK, max((f.size for f in manifest.files), default=1)) or 1))
+    for index, entry in enumerate(manifest.files):
+        try:
+            fd = os.open(directory / entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            bad[index] = set(range(len(entry.chunks)))
+            continue
+        try:
+            if os.fstat(fd).st_size != entry.size:
+                bad[index] = set(range(len(entry.chunks)))
+                continue
+            for c, expected in enumerate(entry.chunks):
+                start, end = entry.chunk_range(c, manifest.chunk_size)
+                hasher = sha256_stream()
+                while start < end:
+                    n = os.preadv(fd, [buf[: min(len(buf), end - start)]], start)
+                    if n == 0:
+                        break
+                    hasher.update(buf[:n])
+                    start += n
+                if start < end or hasher.hexdigest() != expected:
+                    bad.setdefault(index, set()).add(c)
+        finally:
+            os.close(fd)
+    return bad
 
 
 def check_version_dir(directory: Path, digest: str | None = None) -> Manifest:

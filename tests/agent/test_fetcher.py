@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from agent.counters import Counters
+from agent.durability import is_unsynced, make_durable
 from agent.fetcher import Fetcher
 from agent.rangeclient import RangeClient
 from agent.staging import Staging
@@ -135,18 +136,20 @@ async def test_a_misbehaving_origin_fails_the_fetch_with_a_clear_error(
         await runner.cleanup()
 
 
-async def test_each_file_is_flushed_during_the_fetch_once_its_last_chunk_lands(
+async def test_a_fetch_leaves_the_staging_area_marked_unsynced_until_it_is_flushed(
     tmp_path: Path,
     origin: Origin,
     make_model: Callable[..., Path],
     session: RangeClient,
     executor: ThreadPoolExecutor,
 ) -> None:
-    """The fetcher runs ``sync_completed`` after freeing the chunk's buffer: nothing is left for ``finish``."""
+    """Nothing is fsynced while chunks land: the marker says so until ``make_durable`` (``agent.durability``)."""
     manifest = origin.publish(make_model("a"), "m")
     staging = Staging(tmp_path, manifest)
     staging.open()
     await fetcher(session, URLs(origin.url), Counters(), executor).fetch(staging, {})
-    assert staging.unsynced == set()
-    assert staging.synced == set(range(len(manifest.files)))
-    staging.finish()
+    assert is_unsynced(staging.dir)
+    staging.finish(sync=False)
+    assert is_unsynced(staging.dir)
+    make_durable(staging.dir)
+    assert not is_unsynced(staging.dir)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.durability import is_unsynced, make_durable
 from agent.staging import Staging
 from agent.store import VersionStore
 from tests.agent.local_versions import CHUNK, fill, install, manifest_of, small_tmpfs
@@ -172,31 +173,33 @@ def test_a_real_enospc_while_writing_a_chunk_is_a_disk_full_error(
         fill(staging, source)
 
 
-def test_a_completed_file_is_flushed_by_sync_completed_not_while_its_chunk_buffer_is_held(
+def test_finish_without_sync_leaves_the_unsynced_marker_for_the_flusher(
     tmp_path: Path, make_model: Callable[..., Path]
 ) -> None:
-    """``place`` only marks a finished file; the fsync runs apart, after the caller freed its buffer."""
+    """A version is ready before it is flushed; its marker says so until ``make_durable`` ran."""
     source = make_model("a", tensors_mb=0.5)
     manifest = manifest_of(source)
     staging = Staging(tmp_path, manifest)
     staging.open()
+    assert is_unsynced(staging.dir)  # marked before the first chunk is written
     fill(staging, source)
-    assert staging.unsynced == set(range(len(manifest.files)))  # every file complete, none flushed in place()
-    staging.sync_completed()
-    assert staging.unsynced == set()
-    staging.finish()
+    staging.finish(sync=False)
+    assert is_unsynced(staging.dir)
     record = read_verification(staging.dir)
     assert record is not None
     assert record.digest == manifest.digest
+    make_durable(staging.dir)
+    assert not is_unsynced(staging.dir)
 
 
-def test_finish_flushes_files_nobody_synced(tmp_path: Path, make_model: Callable[..., Path]) -> None:
-    """A caller that never runs ``sync_completed`` still gets durable files from ``finish``."""
+def test_finish_with_sync_flushes_every_file_and_drops_the_marker(tmp_path: Path, make_model: Callable[..., Path]) -> None:
+    """``finish()`` (``sync`` by default) flushes everything before the version can be installed."""
     source = make_model("a", tensors_mb=0.5)
     manifest = manifest_of(source)
     staging = Staging(tmp_path, manifest)
     staging.open()
     fill(staging, source)
     staging.finish()
+    assert not is_unsynced(staging.dir)
     for entry in manifest.files:
         assert (staging.dir / entry.path).read_bytes() == (source / entry.path).read_bytes()
