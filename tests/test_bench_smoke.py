@@ -46,7 +46,7 @@ BENCHES = [
     Bench(
         "publish.py",
         ("--size-mb", "8", "--files", "1", "--chunk-mb", "4", "--repeat", "1", "--verify-mb", "8", "--verify-chunk-mb", "4"),
-        ("ratio_vs_openssl", "ours_gbps", "openssl_gbps", "verify_vs_read"),
+        ("ratio_vs_openssl", "ours_gbps", "openssl_gbps", "verify_vs_read", "others_cores_ours"),
     ),
     Bench(
         "load.py",

@@ -8,8 +8,10 @@ whole-file SHA-256 and then to its chunk's SHA-256, both reading the block while
 cache. With fewer multi-chunk files than cores, each such file's reader hands the block to the
 file's helper thread for the chunk digest instead, while it goes on with the next block (two
 threads per file; ``hashlib`` drops the GIL on large updates, so they use two cores).
-A file of one chunk is hashed once (its chunk digest is its digest). All digests come from
-``weightship.digests``.
+A file of one chunk is hashed once (its chunk digest is its digest), and so is the first chunk of
+every file: it is a prefix of the file, so its digest is the whole-file SHA-256's state at the
+first chunk boundary, finalised on a copy (a file of ``n`` chunks costs ``2 - 1/n`` digests per
+byte). All digests come from ``weightship.digests``.
 
 Every buffer comes from one ``BufferPool`` for the whole job, so hashing holds at most
 ``memory`` bytes of buffers (``DEFAULT_HASH_MEMORY``; by default ``BLOCKS_PER_READER`` blocks
@@ -121,8 +123,11 @@ def _hash_chunked_inline(
             view = memoryview(buf)[: end - start]
             read_exact(fd, view, start, str(path))
             whole.update(view)
-            chunk.update(view)
-        if end % chunk_size == 0 or end == size:
+            if start >= chunk_size:  # chunk 0's digest comes from ``whole`` (module docstring)
+                chunk.update(view)
+        if end == chunk_size:
+            chunks.append(whole.copy().hexdigest())
+        elif end % chunk_size == 0 or end == size:
             chunks.append(chunk.hexdigest())
             chunk = sha256_stream()
         if progress is not None:
@@ -133,11 +138,16 @@ def _hash_chunked_inline(
 def _hash_chunked(
     fd: int, path: Path, size: int, chunk_size: int, block: int, buffers: BufferPool, progress: Progress | None
 ) -> FileDigests:
-    """Whole-file digest on this thread, chunk digests on a helper, one block apart over the same buffers."""
+    """Whole-file digest on this thread, chunk digests on a helper, one block apart over the same buffers.
+
+    Chunk 0's digest is taken from the whole-file digest at the first boundary, so the helper
+    starts at chunk 1.
+    """
     whole = sha256_stream()
     blocks: queue.SimpleQueue[tuple[memoryview, bytearray, bool] | None] = queue.SimpleQueue()
-    chunks: list[str] = []
-    helper = threading.Thread(target=_hash_chunks, args=(blocks, buffers, chunks), name="ws-hash-chunks")
+    first = ""
+    rest: list[str] = []
+    helper = threading.Thread(target=_hash_chunks, args=(blocks, buffers, rest), name="ws-hash-chunks")
     helper.start()
     try:
         for start, end in chunk_ranges(size, block):
@@ -149,15 +159,21 @@ def _hash_chunked(
             except BaseException:
                 buffers.release(buf)
                 raise
-            # The helper hashes this block into its chunk (and returns the buffer) while this
-            # thread reads and hashes the next one.
-            blocks.put((view, buf, end % chunk_size == 0 or end == size))
+            if start < chunk_size:
+                view.release()
+                buffers.release(buf)
+                if end == chunk_size:
+                    first = whole.copy().hexdigest()
+            else:
+                # The helper hashes this block into its chunk (and returns the buffer) while this
+                # thread reads and hashes the next one.
+                blocks.put((view, buf, end % chunk_size == 0 or end == size))
             if progress is not None:
                 progress(end - start)
     finally:
         blocks.put(None)
         helper.join()
-    return FileDigests(size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
+    return FileDigests(size=size, sha256=whole.hexdigest(), chunks=(first, *rest))
 
 
 def _hash_chunks(
