@@ -6,7 +6,8 @@ typed ``AppState`` (``controlplane.state``). Every error leaves as RFC 9457 prob
 (``controlplane.http.problems``); a ``TemporaryError`` (503) carries ``Retry-After``. A database
 that is locked, out of pooled connections or unreachable answers 503 ``database_unavailable``
 within the engine's bounded waits (``controlplane.persistence.engine.make_engine``), never a 500
-after a stall. Request bodies are bounded per route (``controlplane.http.limits``).
+after a stall. Request bodies are bounded per route (``controlplane.http.limits``). The ordinary
+heartbeat and long-poll of a node skip the framework's routing (``controlplane.http.hotpath``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.autoscaling import AutoscalingCollector
 from controlplane.http import problems, state_of
+from controlplane.http.hotpath import HotRoutes
 from controlplane.http.limits import BodyLimit
 from controlplane.persistence.engine import QueryCounter, database_errors, make_engine
 from controlplane.settings import Settings
@@ -116,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, default_max_bytes=settings.max_body_bytes)
+    app.add_middleware(HotRoutes)  # outside the body limit: it keeps to the heartbeat's own
 
     problems.install(app)
 

@@ -28,6 +28,7 @@ from controlplane.http.auth import require, require_enrolment, require_node
 from controlplane.http.problems import errors
 from controlplane.pacing import expiry
 from controlplane.staging import with_stage
+from controlplane.state import AppState
 from weightship.schemas import (
     DeploymentAssignment,
     DeploymentStatus,
@@ -41,7 +42,14 @@ from weightship.schemas import (
     Role,
 )
 
-__all__ = ["POLL_AFTER", "router"]
+__all__ = [
+    "POLL_AFTER",
+    "accept_heartbeat",
+    "desired_answer_when_changed",
+    "parse_heartbeat",
+    "poll_after_value",
+    "router",
+]
 
 #: response header of a desired-state answer: seconds the agent waits before its next long-poll
 POLL_AFTER = "Poll-After"
@@ -115,19 +123,30 @@ async def heartbeat(
     principal: Principal = Depends(require_node()),
 ) -> Response:
     """Store a node's report and mark it seen."""
-    # The hottest route: the body is validated straight from its bytes (pydantic's JSON parser),
-    # half the cost of FastAPI's parse-then-validate; errors are the same 422 problem, after the
-    # caller is authenticated, and the body is read before that (413 first), as for any route.
+    # The body is read before the caller is checked (413 first, as for any route) and validated
+    # after it (the same 422 problem FastAPI gives).
     try:
-        body = NodeHeartbeat.model_validate_json(raw)
+        body = parse_heartbeat(raw)
     except ValidationError as err:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False, include_context=False)]
         ) from None
-    state = state_of(request)
+    await accept_heartbeat(state_of(request), node_id, principal, body, raw)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def parse_heartbeat(raw: bytes) -> NodeHeartbeat:
+    """The heartbeat in ``raw``, validated straight from its bytes (pydantic's JSON parser: half the
+    cost of parse-then-validate); raises ``pydantic.ValidationError``."""
+    return NodeHeartbeat.model_validate_json(raw)
+
+
+async def accept_heartbeat(
+    state: AppState, node_id: str, principal: Principal, body: NodeHeartbeat, raw: bytes
+) -> None:
+    """Record ``body`` (sent as ``raw``) for node ``node_id``, on behalf of ``principal``, who may act for it."""
     await record_heartbeat(state, node_id, principal.node_name or node_id, body, raw)
     state.metrics.heartbeats.inc()
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @nodes_router.get("/{node_id}/desired", response_model=DesiredState, responses=errors(404))
@@ -143,7 +162,21 @@ async def desired(
     A wait of 5 s or more ends on the node's phase of the window, so it may be shorter than asked
     (``controlplane.pacing``). An answer with news may carry ``Poll-After: SECONDS``: ask again after that.
     """
-    state = state_of(request)
+    body, delay = await desired_answer_when_changed(state_of(request), node_id, after, wait)
+    headers = {POLL_AFTER: poll_after_value(delay)} if delay else None
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def poll_after_value(delay: float) -> str:
+    """The ``Poll-After`` header's value for ``delay`` seconds."""
+    return f"{delay:.3f}"
+
+
+async def desired_answer_when_changed(
+    state: AppState, node_id: str, after: str | None, wait: float
+) -> tuple[bytes, float]:
+    """The desired state (JSON) of node ``node_id`` once its revision differs from ``after`` or
+    ``wait`` has passed, and the seconds its agent should wait before asking again (0: at once)."""
     loop = asyncio.get_running_loop()
     waited = min(wait, state.settings.long_poll_max_seconds)
     if waited >= _PHASED_FROM_SECONDS:
@@ -175,8 +208,7 @@ async def desired(
                 )
                 # News for a long-poll: ask the agent back later when many polls heard it at once.
                 delay = snapshots.waker.poll_after() if after is not None and revision != after else 0.0
-                headers = {POLL_AFTER: f"{delay:.3f}"} if delay else None
-                return Response(body, media_type="application/json", headers=headers)
+                return body, delay
             gauge.inc()
             try:
                 await asyncio.wait((changed,), timeout=remaining)

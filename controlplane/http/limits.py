@@ -34,13 +34,15 @@ from weightship.chunks import MAX_CHUNK_SIZE
 from weightship.errors import PayloadTooLarge
 from weightship.logs import event
 
-__all__ = ["ROUTE_LIMITS", "BodyLimit", "RouteLimit"]
+__all__ = ["HEARTBEAT_MAX_BYTES", "ROUTE_LIMITS", "BodyLimit", "RouteLimit"]
 
 log = logging.getLogger(__name__)
 
 #: a refused body this much over its limit is read and dropped so that the client sees the 413
 _DRAIN_BYTES = 1024 * 1024
 _DRAIN_SECONDS = 2.0
+#: a heartbeat carries a node's whole inventory
+HEARTBEAT_MAX_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ ROUTE_LIMITS: tuple[RouteLimit, ...] = (
         "PUT", re.compile(r"^/v1/uploads/[^/]+/blobs/[^/]+/parts/[^/]+$"), MAX_CHUNK_SIZE, "an upload part (one chunk)"
     ),
     RouteLimit("POST", re.compile(r"^/v1/uploads$"), MAX_REQUEST_BYTES, "an upload session (with its manifest)"),
-    RouteLimit("POST", re.compile(r"^/v1/nodes/[^/]+/heartbeat$"), 1024 * 1024, "a heartbeat"),
+    RouteLimit("POST", re.compile(r"^/v1/nodes/[^/]+/heartbeat$"), HEARTBEAT_MAX_BYTES, "a heartbeat"),
     RouteLimit("POST", re.compile(r"^/v1/blobs/urls$"), 1024 * 1024, "a blob URL request"),
 )
 

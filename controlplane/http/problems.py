@@ -43,7 +43,7 @@ from weightship.errors import Field, WeightshipError
 from weightship.logs import event
 from weightship.problems import PROBLEM_MEDIA_TYPE, error_problem, problem_document, status_title
 
-__all__ = ["PROBLEM_MEDIA_TYPE", "Problem", "document", "errors", "install", "problem_bytes", "problem_response"]
+__all__ = ["PROBLEM_MEDIA_TYPE", "Problem", "document", "error_response", "errors", "install", "problem_bytes", "problem_response"]
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,9 @@ def problem_bytes(status: int, code: str, detail: str, instance: str) -> bytes:
     return json.dumps(problem_document(status, code, detail, instance), separators=(",", ":")).encode()
 
 
-def _from_error(request: Request, err: WeightshipError) -> JSONResponse:
-    body, headers = error_problem(err, request.url.path)
+def error_response(err: WeightshipError, path: str) -> JSONResponse:
+    """The problem-details answer of ``err`` escaping a request to ``path``."""
+    body, headers = error_problem(err, path)
     return JSONResponse(body, status_code=err.status_code, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
 
 
@@ -98,7 +99,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(WeightshipError)
     async def _weightship_error(request: Request, err: WeightshipError) -> JSONResponse:
-        return _from_error(request, err)
+        return error_response(err, request.url.path)
 
     async def _database_error(request: Request, err: Exception) -> JSONResponse:
         # A route that does not map database failures itself: the same 503 the mapped ones give.
@@ -107,7 +108,7 @@ def install(app: FastAPI) -> None:
                 raise err
         except WeightshipError as mapped:
             event(log, "database.unavailable", logging.WARNING, path=request.url.path, error=type(err).__name__)
-            return _from_error(request, mapped)
+            return error_response(mapped, request.url.path)
 
     for failure in (exc.OperationalError, exc.InterfaceError, exc.TimeoutError):
         app.add_exception_handler(failure, _database_error)
