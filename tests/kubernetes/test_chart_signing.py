@@ -1,4 +1,4 @@
-"""The chart gives every agent (nodes and caches) its own signing policy, from values, a ConfigMap or a Secret."""
+"""The chart gives every agent (nodes and caches) and the control plane the signing policy, from values, a ConfigMap or a Secret."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ POLICY = {"models": {"llama": {"require_signature": False}}, "default": {"requir
 
 def _workloads(values: dict[str, Any]) -> list[dict[str, Any]]:
     objs = objects(values)
-    found = [find(objs, "DaemonSet", "-agent")]
+    found = [find(objs, "DaemonSet", "-agent"), find(objs, "Deployment", "-controlplane")]
     found += [obj for _path, obj in objs if obj.get("kind") == "StatefulSet" and "-cache-" in obj["metadata"]["name"]]
     return found
 
@@ -27,7 +27,10 @@ def _policy_env_and_volume(workload: dict[str, Any]) -> tuple[str | None, dict[s
     container = spec["containers"][0]
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
     volume = next((v for v in spec.get("volumes", []) if v["name"] == "signing-policy"), None)
-    return env.get("WEIGHTSHIP_AGENT_SIGNING_POLICY"), volume
+    mounted = any(m["name"] == "signing-policy" for m in container.get("volumeMounts", []))
+    assert mounted == (volume is not None), "the policy volume is mounted exactly when it exists"
+    variable = "WEIGHTSHIP_SIGNING_POLICY" if workload["kind"] == "Deployment" else "WEIGHTSHIP_AGENT_SIGNING_POLICY"
+    return env.get(variable), volume
 
 
 def test_a_policy_in_values_becomes_a_configmap_every_agent_and_cache_mounts() -> None:
@@ -37,7 +40,7 @@ def test_a_policy_in_values_becomes_a_configmap_every_agent_and_cache_mounts() -
     validate(config)
     parse_policy(config["data"]["policy.json"].encode())  # what the chart wrote is a policy the agents read
     workloads = _workloads(values)
-    assert len(workloads) >= 2, "the node agents and at least one cache tier"
+    assert len(workloads) >= 3, "the node agents, the control plane and at least one cache tier"
     for workload in workloads:
         path, volume = _policy_env_and_volume(workload)
         assert path == "/etc/weightship/signing/policy.json"
@@ -47,7 +50,9 @@ def test_a_policy_in_values_becomes_a_configmap_every_agent_and_cache_mounts() -
 
 def test_an_existing_secret_is_mounted_instead_and_no_policy_means_no_mount() -> None:
     values = merged(REQUIRED, {"signing": {"existingSecret": "fleet-signing", "key": "trust.json"}})
-    path, volume = _policy_env_and_volume(_workloads(values)[0])
-    assert path == "/etc/weightship/signing/trust.json"
-    assert volume == {"name": "signing-policy", "secret": {"secretName": "fleet-signing", "defaultMode": 0o444}}
-    assert _policy_env_and_volume(_workloads(REQUIRED)[0]) == (None, None)
+    for workload in _workloads(values):
+        path, volume = _policy_env_and_volume(workload)
+        assert path == "/etc/weightship/signing/trust.json"
+        assert volume == {"name": "signing-policy", "secret": {"secretName": "fleet-signing", "defaultMode": 0o444}}
+    for workload in _workloads(REQUIRED):
+        assert _policy_env_and_volume(workload) == (None, None)

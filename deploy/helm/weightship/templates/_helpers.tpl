@@ -188,7 +188,8 @@ spec:
 {{- end -}}
 
 {{/*
-Signed versions (docs/signing.md): whether an agent policy is configured, and its env, mount and volume.
+Signed versions (docs/signing.md): whether a policy is configured, and its env, mount and volume (agents,
+caches and the control plane read the same file).
 The policy comes from values (a ConfigMap the chart renders), an existing ConfigMap or an existing Secret.
 */}}
 {{- define "weightship.signingEnabled" -}}
@@ -199,6 +200,13 @@ The policy comes from values (a ConfigMap the chart renders), an existing Config
 {{- define "weightship.signingEnv" -}}
 {{- if include "weightship.signingEnabled" . }}
 - {name: WEIGHTSHIP_AGENT_SIGNING_POLICY, value: {{ printf "/etc/weightship/signing/%s" .Values.signing.key | quote }}}
+{{- end }}
+{{- end }}
+
+{{- /* The control plane checks the same policy at publish and before a pointer moves. */}}
+{{- define "weightship.controlplaneSigningEnv" -}}
+{{- if include "weightship.signingEnabled" . }}
+- {name: WEIGHTSHIP_SIGNING_POLICY, value: {{ printf "/etc/weightship/signing/%s" .Values.signing.key | quote }}}
 {{- end }}
 {{- end }}
 
