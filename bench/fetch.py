@@ -20,8 +20,12 @@ Two origins, each measured with both clients:
 * ``agent``: a real ``weightship-agent`` process, registered and idle, is pointed at the version;
   timed from the pointer update to the local API reporting it ready. That covers the long-poll
   wake-up, manifest, blob URLs, range requests with bounded concurrency, SHA-256 of every chunk
-  before it is written, fsync of every file, the verification record, the rename into
-  ``versions/`` and the ``current`` switch. A fresh data directory and agent each round.
+  before it is written, the verification record, the rename into ``versions/`` and the
+  ``current`` switch. A fresh data directory and agent each round. Like curl's, the agent's
+  bytes are then in the page cache, not yet on the disk: the agent flushes a version just after
+  it is ready (``agent.durability``; a crash before that makes it hash the version again at
+  start-up). The bench waits for that flush after each timed interval and reports it apart
+  (``agent_durable_seconds``: pointer update to flushed).
 
 Rounds alternate curl, curl_verified and agent (``--repeat``) so a noisy shared machine hurts both alike; the
 figures use each side's best round, medians are printed too. The origin's files are read once
@@ -40,7 +44,10 @@ tends to 1 / ``cpu_vs_curl``; with every core free, to about ``cores / cpu_vs_cu
 runs on one);
 ``localapi_p99_ms_during_fetch`` and ``heartbeat_p99_ms_during_fetch``: the agent's local API and
 heartbeat p99 latency while it fetches the version, in one more round after the timed ones (its
-probes cost CPU, so it counts in no throughput figure).
+probes cost CPU, so it counts in no throughput figure); ``others_cores``: per client, the cores
+that processes outside the run (not the bench, its origin and control plane, curl, the agent)
+kept busy on average during each timed round (``/proc/stat``), i.e. how much of the host the run
+did not have.
 """
 
 from __future__ import annotations
@@ -91,6 +98,16 @@ def children_cpu() -> float:
     """CPU seconds (user + system) of every child process waited for so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def host_busy() -> float:
+    """CPU-seconds every process on the host has run so far (``/proc/stat``; 0 where there is none)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu(pid: int) -> float:
@@ -144,6 +161,29 @@ class Bench:
         self.rounds = 0
         #: CPU seconds of the last round measured, by client (``curl``, ``curl_verified``, ``agent``)
         self.cpu: dict[str, float] = {}
+        #: cores other processes kept busy during the last round measured, by client
+        self.others: dict[str, float] = {}
+        #: seconds from the last agent round's pointer update to its version flushed to disk
+        self.durable_seconds = 0.0
+
+    def _run_cpu(self) -> float:
+        """CPU seconds of this run so far: this process, its waited-for children, its live processes."""
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        total = own.ru_utime + own.ru_stime + children_cpu()
+        for proc in self.procs:
+            try:
+                total += process_cpu(proc.pid)
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+        return total
+
+    def _start_interval(self) -> tuple[float, float, float]:
+        return time.monotonic(), host_busy(), self._run_cpu()
+
+    def _others(self, start: tuple[float, float, float], run_cpu: float | None = None) -> float:
+        wall = time.monotonic() - start[0]
+        ours = (self._run_cpu() if run_cpu is None else run_cpu) - start[2]
+        return max(0.0, host_busy() - start[1] - ours) / max(wall, 1e-9)
 
     def spawn(self, argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(self.work / log, "ab") as out:
@@ -178,9 +218,11 @@ class Bench:
         for blob in blobs:
             argv += ["-o", str(out / blob), urls[blob].url]
         cpu = children_cpu()
+        interval = self._start_interval()
         t = time.monotonic()
         subprocess.run(argv, check=True)
         seconds = time.monotonic() - t
+        self.others["curl"] = self._others(interval)
         self.cpu["curl"] = children_cpu() - cpu
         got = sum((out / b).stat().st_size for b in blobs)
         assert got == size, f"curl fetched {got} bytes, expected {size}"
@@ -196,6 +238,7 @@ class Bench:
             urls = client.blob_urls(blobs).urls
         script = 'set -o pipefail; curl -sS --fail "$1" | tee "$2" | openssl dgst -sha256 -r'
         cpu = children_cpu()
+        interval = self._start_interval()
         t = time.monotonic()
         procs = {
             blob: subprocess.Popen(
@@ -207,6 +250,7 @@ class Bench:
         }
         digests = {blob: proc.communicate()[0].split()[0] for blob, proc in procs.items()}
         seconds = time.monotonic() - t
+        self.others["curl_verified"] = self._others(interval)
         self.cpu["curl_verified"] = children_cpu() - cpu
         for blob, proc in procs.items():
             assert proc.returncode == 0, f"curl | tee | openssl failed for {blob}"
@@ -254,6 +298,7 @@ class Bench:
                 wait_until(lambda: heartbeat_seconds(log.read_text()), 60, "a first heartbeat")
             log_start = log.stat().st_size
             cpu = process_cpu(agent.pid)
+            interval = self._start_interval()
             t = time.monotonic()
             client.set_pointer(name, digest, expected_epoch=client.get_deployment(name).epoch)
         latency: dict[str, Any] = {}
@@ -287,9 +332,14 @@ class Bench:
                 f"{api}/local/v1/deployments/{name}/wait", params={"after_epoch": 0, "timeout": 600}, timeout=620
             ).json()
         seconds = time.monotonic() - t
+        run_cpu = self._run_cpu()
         self.cpu["agent"] = process_cpu(agent.pid) - cpu
+        self.others["agent"] = self._others(interval, run_cpu)
         assert view["ready"], view
         assert view["digest"] == digest, view
+        unsynced = data / "versions" / digest.removeprefix("sha256:") / ".weightship" / "unsynced"
+        wait_until(lambda: not unsynced.exists(), 600, "the agent to flush the version to disk")
+        self.durable_seconds = time.monotonic() - t
         downloaded = int(httpx.get(f"{api}/local/v1/status").json()["counters"]["bytes_downloaded"])
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=30)
@@ -362,21 +412,26 @@ def main() -> None:
             agent_s: list[float] = []
             downloaded: list[int] = []
             cpu: dict[str, list[float]] = {"curl": [], "curl_verified": [], "agent": []}
+            others: dict[str, list[float]] = {"curl": [], "curl_verified": [], "agent": []}
+            durable_s: list[float] = []
             for round_ in range(args.repeat):
                 curl_s.append(bench.curl(url, blobs, version.size))
                 verified_s.append(bench.curl_verified(url, blobs, version.size))
                 seconds, got = bench.agent(url, token, version.digest)
                 agent_s.append(seconds)
                 downloaded.append(got)
+                durable_s.append(bench.durable_seconds)
                 for client_name in cpu:
                     cpu[client_name].append(bench.cpu[client_name])
+                    others[client_name].append(bench.others[client_name])
                 print(
                     f"{origin} round {round_ + 1}: curl {curl_s[-1]:.3f}s "
                     f"({version.size / curl_s[-1] / 1e9:.3f} GB/s), curl|tee|openssl {verified_s[-1]:.3f}s "
                     f"({version.size / verified_s[-1] / 1e9:.3f} GB/s), agent {seconds:.3f}s "
                     f"({version.size / seconds / 1e9:.3f} GB/s), agent downloaded {got} bytes; CPU s/GB: "
                     f"curl {cpu['curl'][-1] / gb:.2f}, curl|tee|openssl {cpu['curl_verified'][-1] / gb:.2f}, "
-                    f"agent {cpu['agent'][-1] / gb:.2f}",
+                    f"agent {cpu['agent'][-1] / gb:.2f}; agent flushed at {durable_s[-1]:.3f}s; cores busy outside the run: "
+                    f"{others['curl'][-1]:.2f} / {others['curl_verified'][-1]:.2f} / {others['agent'][-1]:.2f}",
                     flush=True,
                 )
             cpu_per_gb = {name: round(min(values) / gb, 3) for name, values in cpu.items()}
@@ -395,6 +450,8 @@ def main() -> None:
                 "curl_seconds": [round(s, 4) for s in curl_s],
                 "curl_verified_seconds": [round(s, 4) for s in verified_s],
                 "agent_seconds": [round(s, 4) for s in agent_s],
+                "agent_durable_seconds": [round(s, 4) for s in durable_s],
+                "others_cores": {name: [round(v, 2) for v in values] for name, values in others.items()},
                 "agent_bytes_downloaded": downloaded,
                 "curl_gbps": round(curl_gbps, 4),
                 "curl_verified_gbps": round(verified_gbps, 4),
@@ -433,6 +490,8 @@ def main() -> None:
                     "cpu_seconds_per_gb": results["sendfile"]["cpu_seconds_per_gb"],
                     "cpu_vs_curl_verified": results["sendfile"]["cpu_vs_curl_verified"],
                     "cpu_vs_curl": results["sendfile"]["cpu_vs_curl"],
+                    "agent_durable_seconds": results["sendfile"]["agent_durable_seconds"],
+                    "others_cores": results["sendfile"]["others_cores"],
                     "load_average": round(os.getloadavg()[0], 2),
                     "ratio_vs_curl_controlplane_origin": results["controlplane"]["ratio"]
                     if "controlplane" in results

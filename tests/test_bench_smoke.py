@@ -56,7 +56,7 @@ BENCHES = [
     Bench(
         "fetch.py",
         ("--size", "8MiB", "--files", "1", "--chunk-size", "4MiB", "--repeat", "1"),
-        ("ratio_vs_curl", "ratio_vs_curl_verified", "heartbeat_p99_ms_during_fetch"),
+        ("ratio_vs_curl", "ratio_vs_curl_verified", "heartbeat_p99_ms_during_fetch", "agent_durable_seconds", "others_cores"),
     ),
     Bench("peer_sendfile.py", ("--rounds", "1"), ("kind", "gb_per_s", "server_cpu_s")),
     Bench("sign.py", ("--files", "20", "--size-mb", "2", "--repeat", "1"), ("sign_seconds", "verify_seconds", "publish_overhead")),
