@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
@@ -116,7 +117,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.heartbeats.close()
             engine.dispose()
 
-    app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan)
+    # No OpenTelemetry: FastAPI would otherwise look for a configured provider on every request.
+    no_telemetry: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
+    app = FastAPI(title="weightship control plane", version="1", lifespan=lifespan, telemetry=no_telemetry)
     app.add_middleware(BodyLimit, default_max_bytes=settings.max_body_bytes)
     app.add_middleware(HotRoutes)  # outside the body limit: it keeps to the heartbeat's own
 
