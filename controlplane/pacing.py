@@ -38,7 +38,7 @@ WAKE_BATCH = 32
 #: pause between two batches, so requests already waiting are served in between
 WAKE_GAP_SECONDS = 0.003
 #: polls per second that a woken fleet is asked to come back at
-REPOLL_RATE = 500.0
+REPOLL_RATE = 1000.0
 #: the longest a woken poll is asked to wait before it comes back
 MAX_SPREAD_SECONDS = 10.0
 #: a delay below this is not worth a header
