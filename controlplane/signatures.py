@@ -4,8 +4,8 @@ Layout: ``signatures/sha256/<version hex>/<sha256 of the bundle>``, one object p
 model-signing bundle (``weightship.signing``). A version gains signatures (a second approver
 signs later) and never loses one: every object is written once and nothing here deletes.
 
-The control plane's policy (``settings.signing_policy_file``, the same format the agents read)
-is checked:
+The control plane's policy (``settings.signing_policy_file``, the same format the agents read,
+followed as it changes by ``weightship.signing_policy.PolicyFile``: no restart) is checked:
 
 - at publish (``commit`` with signatures) and when a signature is added: the version must pass
   with signers that are not retired (``purpose="publish"``);
@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from controlplane.persistence.store import OriginStore, manifest_key
 from controlplane.persistence.store.origin import SIGNATURES, check_key
@@ -33,7 +31,7 @@ from weightship.digests import hex_of
 from weightship.logs import event
 from weightship.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from weightship.signing import MAX_SIGNATURE_BYTES, SignatureRefused, check_version, parse_bundle
-from weightship.signing_policy import SigningPolicy, load_policy
+from weightship.signing_policy import PolicyFile, SigningPolicy
 
 __all__ = [
     "add_signatures",
@@ -47,7 +45,8 @@ log = logging.getLogger(__name__)
 
 #: more signatures than this on one version is a mistake or an attack
 MAX_SIGNATURES = 64
-_POLICIES: dict[str, SigningPolicy] = {}
+#: the policy file of each configured path, followed as it changes (one path per process, outside tests)
+_POLICY_FILES: dict[str, PolicyFile] = {}
 
 
 def signature_key(digest: str, bundle: bytes) -> str:
@@ -62,18 +61,20 @@ def stored_signatures(store: OriginStore, digest: str) -> list[bytes]:
 
 
 def policy_of(state: AppState) -> SigningPolicy:
-    """The control plane's signing policy (read again when its file changes); no file: nothing is required."""
+    """The control plane's signing policy (read again when its file changes); no file: nothing is required.
+
+    A file that cannot be read or parsed is an error (``ValidationError``) for every check until
+    it is fixed: the control plane never moves a pointer under a policy other than the file's.
+    """
     path = state.settings.signing_policy_file
     if not path:
         return SigningPolicy()
-    try:
-        stamp = f"{path}:{os.stat(path).st_mtime_ns}"  # a rewritten file (key rotation) is read again
-    except OSError:
-        stamp = path
-    policy = _POLICIES.get(stamp)
-    if policy is None:
-        policy = _POLICIES[stamp] = load_policy(Path(path))
-    return policy
+    followed = _POLICY_FILES.get(path)
+    if followed is None:
+        followed = _POLICY_FILES[path] = PolicyFile(path)
+    if followed.refresh() and followed.generation > 1:
+        event(log, "signing_policy.reloaded", path=path, generation=followed.generation)
+    return followed.current()
 
 
 def _check(state: AppState, manifest: Manifest, bundles: Sequence[bytes], purpose: str) -> str:

@@ -29,12 +29,17 @@ Files named by ``*_file`` are relative to the policy file.
 
 The agents read this from their own configuration, never from the control plane, so a control
 plane, database or bucket that was taken over cannot widen what a node accepts.
+
+A ``PolicyFile`` follows the file as it changes (a key rotation, a revoked key): one ``stat`` per
+look, a read and a parse only when the file, or a key or root file it names, changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +55,7 @@ __all__ = [
     "CertificateTrust",
     "KeyTrust",
     "ModelPolicy",
+    "PolicyFile",
     "SigningPolicy",
     "key_id",
     "load_policy",
@@ -126,7 +132,7 @@ class SigningPolicy:
 
 
 def _fail(source: str, where: str, what: str) -> ValidationError:
-    return ValidationError(f"signing policy {source}: {where}: {what}; fix the policy file and restart")
+    return ValidationError(f"signing policy {source}: {where}: {what}; fix the policy file")
 
 
 def _pem(doc: Mapping[str, Any], name: str, base: Path | None, source: str, where: str) -> bytes:
@@ -229,3 +235,109 @@ def load_policy(path: Path) -> SigningPolicy:
             f"signing policy {str(path)!r} cannot be read ({exc.strerror}); fix the path or the mount"
         ) from exc
     return parse_policy(raw, base=path.parent, source=str(path))
+
+
+#: what tells one version of a file from another: device, inode, modification time (ns), size
+_Stat = tuple[int, int, int, int] | None
+
+
+def _stat(path: Path) -> _Stat:
+    try:
+        found = os.stat(path)  # follows symlinks: a ConfigMap update swaps the directory a symlink names
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size)
+
+
+def _named_files(raw: bytes, base: Path) -> tuple[Path, ...]:
+    """The key and root files a policy document names: read with it, so a change to one is a change too."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return ()
+    if not isinstance(doc, dict) or not isinstance(doc.get("models", {}), dict):
+        return ()
+    found: list[Path] = []
+    for section in [*doc.get("models", {}).values(), doc.get("default", {})]:
+        for kind in ("keys", "certificates"):
+            entries = section.get(kind) if isinstance(section, dict) else None
+            for entry in entries if isinstance(entries, list) else []:
+                for name in ("public_key_file", "roots_file"):
+                    value = entry.get(name) if isinstance(entry, dict) else None
+                    if isinstance(value, str) and value:
+                        found.append(base / value)
+    return tuple(dict.fromkeys(found))
+
+
+class PolicyFile:
+    """A policy file followed as it changes: read again whenever its stat signature moves.
+
+    The signature is the device, inode, modification time and size of the file (following
+    symlinks: Kubernetes updates a mounted ConfigMap or Secret by swapping the directory a symlink
+    names, so the path then leads to another inode) and of each key or root file it names. Looking
+    costs one ``stat`` per file; a read and a parse happen only on a change. ``generation`` counts
+    the policies taken: it moves when a changed file parses into a different policy. A changed file
+    that cannot be read or parsed leaves the last good policy in effect and its reason in
+    ``error`` (a new error object per bad version of the file), until the file changes again.
+    Safe to share between threads.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        #: how many different policies were taken from the file (0: none yet)
+        self.generation = 0
+        #: why the file as it is now is not in effect (``None``: it is)
+        self.error: ValidationError | None = None
+        self._policy: SigningPolicy | None = None
+        self._named: tuple[Path, ...] = ()
+        self._stamp: tuple[_Stat, ...] | None = None
+        self._lock = threading.Lock()
+
+    def refresh(self) -> bool:
+        """Read the file again if it changed since the last look; whether another policy took effect."""
+        with self._lock:
+            seen = _stat(self.path)
+            if self._stamp is not None and (seen, *map(_stat, self._named)) == self._stamp:
+                return False
+            try:
+                raw = self.path.read_bytes()
+            except OSError as exc:
+                self._stamp = (seen, *map(_stat, self._named))
+                self.error = ValidationError(
+                    f"signing policy {str(self.path)!r} cannot be read ({exc.strerror}); fix the path or the mount"
+                )
+                return False
+            self._named = _named_files(raw, self.path.parent)
+            self._stamp = (seen, *map(_stat, self._named))  # before the key files are read: a change meanwhile is seen
+            try:
+                policy = parse_policy(raw, base=self.path.parent, source=str(self.path))
+            except ValidationError as exc:
+                self.error = exc
+                return False
+            self.error = None
+            if policy == self._policy:
+                return False  # rewritten with the same content (another key of the ConfigMap changed)
+            self._policy = policy
+            self.generation += 1
+            return True
+
+    @property
+    def policy(self) -> SigningPolicy | None:
+        """The policy last read without error, as of the last look (``None`` before a good read)."""
+        return self._policy
+
+    def current(self) -> SigningPolicy:
+        """The policy in the file as it is now; ``ValidationError`` while it cannot be read or parsed."""
+        self.refresh()
+        if self.error is not None:
+            raise ValidationError(self.error.message)  # a fresh one: the stored error is raised again and again
+        assert self._policy is not None
+        return self._policy
+
+    def last_good(self) -> SigningPolicy:
+        """The policy last read without error; ``ValidationError`` when the file never held a good one."""
+        self.refresh()
+        if self._policy is None:
+            assert self.error is not None
+            raise ValidationError(self.error.message)
+        return self._policy
