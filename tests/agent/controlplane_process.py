@@ -9,12 +9,14 @@ and restored while it is down, as an operator restoring from a backup would.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -43,6 +45,8 @@ class ControlPlaneProcess:
         #: its ``--log-level``; quiet unless a test reads what it logs
         self.log_level = "warning"
         self.proc: subprocess.Popen[bytes] | None = None
+        #: when ``start()`` last launched it (``time.monotonic()``)
+        self.started_at: float | None = None
         workdir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> None:
@@ -59,6 +63,16 @@ class ControlPlaneProcess:
         argv = [sys.executable, "-m", "controlplane", "serve", "--port", str(self.port), "--log-level", self.log_level]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.started_at = time.monotonic()
+
+    def window_since_start(self) -> str:
+        """A serving-traffic window (``"37s"``) reaching back to this process's start: every request served since.
+
+        Its samples cover half of it (what a window needs) a few seconds after start-up, where a fixed
+        ``60s`` window would wait 30 s after start-up for them.
+        """
+        assert self.started_at is not None, "start() it first"
+        return f"{math.ceil(time.monotonic() - self.started_at) + 1}s"
 
     def _answers(self) -> bool:
         assert self.proc is not None

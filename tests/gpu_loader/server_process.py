@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -62,3 +64,16 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+async def started_together(*starts: Callable[[], ServerProcess]) -> list[ServerProcess]:
+    """Run each of ``starts`` (each returns a listening server) at once, in threads: the servers' start-ups
+    (each imports torch, seconds) overlap. If any fails, the others are stopped and the first error raised."""
+    results = await asyncio.gather(*(asyncio.to_thread(start) for start in starts), return_exceptions=True)
+    servers = [r for r in results if isinstance(r, ServerProcess)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for server in servers:
+            server.stop()
+        raise errors[0]
+    return servers

@@ -8,6 +8,7 @@ through the REST API; the pinned servers must not follow them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from controlplane.rollouts.providers.builtin import BuiltinProvider
 from gpu_loader.modelgen import generate
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
-from tests.gpu_loader.server_process import PROMPT, REPO, ServerProcess
+from tests.gpu_loader.server_process import PROMPT, REPO, ServerProcess, started_together
 from weightship.schemas import NodeHeartbeat, VersionState
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -77,8 +78,13 @@ async def test_pinned_servers_on_one_node_each_serve_their_own_version_through_p
         agent.data_dir.parent.mkdir(parents=True)
         agent.start()
         await agent.ready()
-        canary = pinned(agent, v2, tmp_path / "canary")
-        servers.append(canary)
+        # Both pinned servers start at once (each start-up imports torch): the stable one asks for v1, which
+        # the pointer names; the canary one for v2, which no pointer names yet.
+        canary, stable = await started_together(
+            functools.partial(pinned, agent, v2, tmp_path / "canary"),
+            functools.partial(pinned, agent, v1, tmp_path / "stable"),
+        )
+        servers += [canary, stable]
 
         # v2 is named by no pointer yet: the canary server waits, and says for what.
         def waiting() -> dict[str, Any] | None:
@@ -101,8 +107,6 @@ async def test_pinned_servers_on_one_node_each_serve_their_own_version_through_p
         with cp.client() as admin:
             epoch = admin.set_pointer("chat", "v1", canary="v2", canary_share=0.0, expected_epoch=epoch).epoch
         await eventually(lambda: canary.ready_digest() == v2, 120, "the canary server serving v2")
-        stable = pinned(agent, v1, tmp_path / "stable")
-        servers.append(stable)
         await eventually(lambda: stable.ready_digest() == v1, 120, "the stable server serving v1")
         await eventually(lambda: applied(agent, epoch), 60, "the agent applying the canary pointer")
         # The node itself serves the stable version: the canary server's answer is not the pointer's.
@@ -116,7 +120,8 @@ async def test_pinned_servers_on_one_node_each_serve_their_own_version_through_p
         async with ProviderRegistry.default(builtin=builtin) as providers:
 
             async def counted() -> Any:
-                action = MeasureMetric("run", "errorRate", next(index), "builtin", {"metric": "errorRate", "window": "60s"})
+                settings = {"metric": "errorRate", "window": cp.window_since_start()}
+                action = MeasureMetric("run", "errorRate", next(index), "builtin", settings)
                 result = await providers.measure(action, RolloutContext("r1", "chat", v2, v1))
                 assert result.error is None, result.error
                 found = result.value
