@@ -9,6 +9,8 @@ the window still only grows.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from controlplane.rollouts.providers.builtin import BuiltinProvider
 from gpu_loader.modelgen import generate
 from tests.agent.agent_processes import AgentProcess, eventually
 from tests.agent.controlplane_process import ControlPlaneProcess
-from tests.gpu_loader.server_process import PROMPT, ServerProcess
+from tests.gpu_loader.server_process import PROMPT, ServerProcess, started_together
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -94,8 +96,15 @@ async def test_model_server_counters_reach_the_builtin_provider_and_metrics_thro
             agent.start()
         for agent in agents:
             await agent.ready()
-            await agent.serving(v1)
-        servers = [serve(agent, tmp_path / f"serve-{i}") for i, agent in enumerate(agents)]
+        # Both servers start at once, while the agents fetch v1 (each server waits for its agent's version).
+        starting = asyncio.ensure_future(
+            started_together(*(functools.partial(serve, a, tmp_path / f"serve-{i}") for i, a in enumerate(agents)))
+        )
+        try:
+            for agent in agents:
+                await agent.serving(v1)
+        finally:
+            servers = list(await starting)
         for server in servers:
             await eventually(lambda s=server: s.ready_digest() == v1, 120, "v1 served")  # type: ignore[misc]
 
@@ -118,15 +127,15 @@ async def test_model_server_counters_reach_the_builtin_provider_and_metrics_thro
                 return result.value
 
             async def counted(expected: int) -> Any:
-                found = await measure("errorRate", window="60s")
+                found = await measure("errorRate", window=cp.window_since_start())
                 ok = found is not None and (found["canary_requests"], found["stable_requests"]) == (expected, REQUESTS)
                 return found if ok else None
 
             errors = await eventually(lambda: counted(REQUESTS), 60, "both versions' requests in the window")
             assert (errors["canary"], errors["stable"], errors["delta"]) == (0.0, 0.0, 0.0)
-            latency = await measure("latencyP99", window="60s")
+            latency = await measure("latencyP99", window=cp.window_since_start())
             assert 0 < latency["canary"] <= 10.0
-            validation = await measure("validation", window="60s")
+            validation = await measure("validation", window=cp.window_since_start())
             assert (validation["canary_passed"], validation["canary_failed"], validation["canary"]) == (1, 0, 0.0)
 
             # The canary's model server restarts: its counters start again from 0, the window only grows.
