@@ -9,6 +9,10 @@ A cache is the agent run with ``--role cache``: no deployments of its own, a pee
    *pinned* in the ``ChunkStore`` (a preheated version is warmed by the nodes that pull it
    through the cache: the first request of each chunk fetches it once); a request for a
    version it does not know makes it re-read once (at most every ``refresh_seconds``), then 404.
+   With a signing policy, a version it refuses is not known; when the policy changes
+   (``agent.signatures``) every version it knows is checked again, and one now refused becomes
+   unknown (its chunks age out by LRU). A version whose manifest cannot be had (corrupt or
+   missing at the origin) is unknown too, and the others are refreshed all the same.
    The manifest also tells it where chunk ``index`` of ``blob`` lies, and refuses (409) a request
    whose (blob, index) is not that chunk.
 2. **A hit** is served from disk (``sendfile``). **A miss** is fetched once, however many ask:
@@ -36,6 +40,7 @@ A cache is the agent run with ``--role cache``: no deployments of its own, a pee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import Executor
@@ -53,7 +58,7 @@ from agent.problems import answer_error
 from agent.signatures import SignatureGate
 from agent.tickets import Audiences, TicketKeeper
 from weightship.digests import sha256_hex
-from weightship.errors import NotFoundError, TemporaryError, WeightshipError
+from weightship.errors import IntegrityError, NotFoundError, TemporaryError, ValidationError, WeightshipError
 from weightship.logs import event
 from weightship.manifest import Manifest, parse_manifest
 from weightship.schemas import BlobURL, Deployment
@@ -141,6 +146,7 @@ class ReadThroughCache:
         self._bucket = TokenBucket(upstream_bandwidth)
         self._refreshed = float("-inf")
         self._refresh_lock = asyncio.Lock()
+        self._poked = asyncio.Event()
         self._avoid_upstream_until = 0.0
         self._http: aiohttp.ClientSession | None = None
         self._urls: dict[str, BlobURL] = {}
@@ -170,11 +176,23 @@ class ReadThroughCache:
                 for digest in (d.stable, d.previous_stable, d.canary, *d.preheated)
                 if digest is not None
             }
+            if self.gate is not None:
+                self.gate.reload()
             for digest, model in named.items():
-                if digest not in self.manifests:
-                    manifest = parse_manifest(await self.source.manifest(model, digest))
-                    if await self._passes(manifest):
-                        self.manifests[digest] = manifest
+                manifest = self.manifests.get(digest)
+                if manifest is None:
+                    try:
+                        manifest = parse_manifest(await self.source.manifest(model, digest))
+                    except (IntegrityError, ValidationError, NotFoundError) as exc:
+                        # This version's own trouble (a corrupt or missing manifest), not the others'.
+                        event(log, "cache.manifest_refused", logging.WARNING, version=digest, error=exc.message)
+                        continue
+                elif self.gate is None or self.gate.accepted(digest):
+                    continue  # known, and accepted by the policy in effect
+                if await self._passes(manifest):
+                    self.manifests[digest] = manifest
+                else:
+                    self.manifests.pop(digest, None)  # refused by a changed policy: unknown here from now on
             for digest in set(self.manifests) - set(named):
                 del self.manifests[digest]  # no pointer names it any more: its chunks age out by LRU
             self.pinned = frozenset(c for m in self.manifests.values() for f in m.files for c in f.chunks)
@@ -193,14 +211,20 @@ class ReadThroughCache:
         self.refused.pop(manifest.digest, None)
         return True
 
+    def poke(self) -> None:
+        """Refresh now rather than at the next period (the signing policy changed)."""
+        self._poked.set()
+
     async def run(self) -> None:
-        """Refresh every ``refresh_seconds`` until cancelled; control-plane trouble is logged, not fatal."""
+        """Refresh every ``refresh_seconds``, or when poked, until cancelled; control-plane trouble is logged."""
         while True:
+            self._poked.clear()
             try:
                 await self.refresh()
             except WeightshipError as exc:
                 event(log, "cache.refresh_failed", logging.WARNING, error=exc.message)
-            await asyncio.sleep(self.refresh_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), self.refresh_seconds)
 
     async def _manifest(self, version: str) -> Manifest:
         manifest = self.manifests.get(version)

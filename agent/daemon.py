@@ -10,7 +10,9 @@ configured enrolment token when it has none, see ``agent.identity``) and run, co
   plane commits it;
 - heartbeats: every ``heartbeat_interval`` and right after anything changes (a switch, a fetch
   finishing or failing, a refusal, a validation report);
-- the reconciler (fetches and switches).
+- the reconciler (fetches and switches);
+- with a signing policy, a look at its file every ``POLICY_CHECK_SECONDS``: a changed policy takes
+  effect without a restart (``agent.signatures``).
 
 **Deployments followed**: those configured (``--deployment``) plus those that local model servers
 name when they ask for a version by digest (``agent.pins``): an empty ``--deployment`` list means
@@ -94,6 +96,8 @@ MAX_PENDING_REPORTS = 256
 MIN_POLL_SECONDS = 0.5
 #: how often lapsed pins (a model server that died) are looked for
 PIN_CHECK_SECONDS = 2.0
+#: how often the signing policy file is looked at (one ``stat``): a change takes effect within this
+POLICY_CHECK_SECONDS = 5.0
 
 
 class _Reregister(Exception):
@@ -306,12 +310,17 @@ class Agent:
                 disk_free=free,
                 quota_bytes=self.config.quota_bytes,
                 used_bytes=self._usage,
-                errors=self.reconciler.errors() + self.switch_hooks.errors(),
+                errors=self.reconciler.errors() + self.switch_hooks.errors() + self._policy_errors(),
             ),
             validation=list(self._reports),
             refused=self.reconciler.refused(),
             serve=self.serve_metrics.snapshot(),
         )
+
+    def _policy_errors(self) -> list[str]:
+        """The signing policy file's problem, while a rewrite of it cannot be read or parsed."""
+        problem = self.assembler.gate.problem if self.assembler.gate is not None else None
+        return [problem] if problem else []
 
     def _counters(self) -> NodeCounters:
         """The node's counters; a cache adds the bytes it read upstream for its children (its origin egress).
@@ -348,6 +357,22 @@ class Agent:
         data = self.pins.to_save()
         if data is not None and self.loop is not None:
             self.loop.run_in_executor(self.state_executor, self.pins.save, data)
+
+    async def _policy_loop(self) -> None:
+        """Follow the signing policy file: on a change, retry what it refused and re-check what a cache holds."""
+        gate = self.assembler.gate
+        assert gate is not None
+        problem = gate.problem
+        while True:
+            await asyncio.sleep(POLICY_CHECK_SECONDS)  # ok-sleep: the period of looking at the policy file
+            if gate.reload():
+                self.reconciler.wake()  # versions refused under the old policy are tried again at once
+                if self.cache is not None:
+                    self.cache.poke()
+                self._changed.set()
+            if gate.problem != problem:
+                problem = gate.problem
+                self._changed.set()  # the heartbeat's health errors say so, or stop saying so
 
     async def _pins_loop(self) -> None:
         while True:
@@ -402,6 +427,8 @@ class Agent:
             tasks.append(loop.create_task(self.cache.run(), name="cache-refresh"))
         if cfg.switch_hooks:
             tasks.append(loop.create_task(self.switch_hooks.run(), name="switch-hooks"))
+        if self.assembler.gate is not None:
+            tasks.append(loop.create_task(self._policy_loop(), name="signing-policy"))
         if self.sources is not None and self.peer_url:
             self.sources.address = self.peer_url
             for manifest in (await loop.run_in_executor(self.executor, self.store.ready)).values():

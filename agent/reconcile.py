@@ -21,8 +21,10 @@ often they were fetched) or the node's signing policy refuses the version (``Sig
 checked before any byte is fetched: ``agent.signatures``): then the version waits ``corrupt_retry`` (minutes, growing to an
 hour), because fetching the same bad bytes again only burns bandwidth. Either way a new desired
 state naming the version (e.g. the operator re-points the deployment once the origin is fixed)
-retries it at once. Each version's run of failures (why, since when, how many, when next) is
-reported in the heartbeat as a ``FetchProblem``.
+retries it at once, and so does a change of the signing policy for a version it refused (the
+version remembers the policy generation it was refused under; the gate's has moved on). Each
+version's run of failures (why, since when, how many, when next) is reported in the heartbeat as
+a ``FetchProblem``.
 
 A digest is fetched once however many deployments want it (single flight), and a fetch that
 is no longer wanted is cancelled (its verified chunks stay in staging for later). Once every
@@ -123,6 +125,8 @@ class _Version:
     since: datetime | None = None
     failures: int = 0
     retry_wall: datetime | None = None
+    #: the signing policy generation the last attempt was refused under (``None``: not refused)
+    refused_under: int | None = None
 
     @property
     def running(self) -> bool:
@@ -476,13 +480,20 @@ class Reconciler:
         if version is not None and version.running:
             return True
         if version is not None and version.error is not None and now < version.retry_at:
-            self._wake_at(version.retry_at)
-            return False
+            if not self._policy_moved(version):
+                self._wake_at(version.retry_at)
+                return False
+            event(log, "fetch.retry_now", digest=digest, reason="signing_policy_changed")
         if version is None:
             version = self._versions[digest] = _Version(digest=digest, model=model)
         version.task = asyncio.get_running_loop().create_task(self._fetch(version), name=f"fetch {digest}")
         self.on_change()
         return True
+
+    def _policy_moved(self, version: _Version) -> bool:
+        """Whether ``version`` was refused under a signing policy older than the one in effect."""
+        gate = self.assembler.gate
+        return gate is not None and version.refused_under is not None and version.refused_under != gate.generation
 
     async def _fetch(self, version: _Version) -> None:
         try:
@@ -504,6 +515,9 @@ class Reconciler:
             now = datetime.now(UTC)
             version.error = message
             version.failure = exc
+            gate = self.assembler.gate
+            refused = reason == FetchFailure.signature_refused
+            version.refused_under = gate.generation if gate is not None and refused else None
             version.failures += 1
             version.since = version.since or (version.progress.trouble_at or now)
             version.retry_at = asyncio.get_running_loop().time() + delay

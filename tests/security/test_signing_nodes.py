@@ -15,7 +15,8 @@ import dataclasses
 import hashlib
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -26,6 +27,7 @@ from typer.testing import CliRunner
 from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.controlplane_process import ADMIN_TOKEN
 from tests.agent.fleet import Fleet
+from tests.agent.peers import chunk_request, peer_url, start_cache, ticket
 from tests.signing_material import CertificateAuthority, Signer
 from weightship.cli import app
 from weightship.digests import hex_of
@@ -224,3 +226,90 @@ async def test_a_manifest_replaced_in_the_bucket_is_never_ready_on_any_node_reas
     for agent in agents:
         view = await agent.deployment(model)
         assert view is None or not view.ready, "never ready"
+
+
+
+@dataclasses.dataclass
+class Rotation:
+    """A version signed by the release key, pointed at, and a node policy file rewritten as a ConfigMap is."""
+
+    world: World
+    version: Manifest
+    policy: Path
+
+    def trust(self, *keys: Signer) -> None:
+        """Make the policy trust exactly ``keys`` for the version's model (a new file renamed over the old)."""
+        entries = [{"id": k.root.name, "public_key": k.public_pem} for k in keys]
+        fresh = self.policy.with_name("policy.json.new")
+        fresh.write_text(json.dumps({"models": {self.version.model: {"require_signature": True, "keys": entries}}}))
+        fresh.replace(self.policy)
+
+
+def _rotation(fleet: Fleet, make_model: ModelMaker, tmp_path: Path) -> Rotation:
+    prefix = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
+    world = World(
+        fleet, make_model, Signer.new(tmp_path / "release"), Signer.new(tmp_path / "stranger"),
+        CertificateAuthority.new(), tmp_path, prefix,
+    )  # fmt: skip
+    model = world.model("key_rotation")
+    version = world.publish(model, "v1", 5)
+    world.sign(version, sign_manifest(version, world.release.private_pem))
+    fleet.point(model, model, "v1")
+    return Rotation(world, version, tmp_path / "policy.json")
+
+
+async def test_a_node_policy_rewritten_to_trust_the_signing_key_makes_the_refused_version_ready_without_a_restart(
+    spawn: Spawn, fleet: Fleet, make_model: ModelMaker, tmp_path: Path
+) -> None:
+    # A key rotation reaching a running node: its policy file is swapped (as a ConfigMap update
+    # does) and the version refused a moment ago is fetched within seconds, not after the
+    # minutes a refused version otherwise waits, by the same process.
+    rotation = _rotation(fleet, make_model, tmp_path)
+    world, version = rotation.world, rotation.version
+    rotation.trust(world.stranger)  # the node does not trust the release key yet
+    node = f"{world.prefix}-a"
+    agent = spawn(node, deployments=[version.model], extra=["--signing-policy", str(rotation.policy)])
+    await agent.ready()
+    refused = await eventually(_refused(fleet, node, version.digest), 30, f"{node} to refuse the version")
+    assert refused.problem is not None
+    assert refused.problem.reason == FetchFailure.signature_refused
+    assert refused.problem.retry_at is not None
+    assert refused.problem.retry_at - datetime.now(UTC) > timedelta(minutes=4), "a refusal otherwise waits minutes"
+    assert agent.proc is not None
+    pid = agent.proc.pid
+
+    rotation.trust(world.stranger, world.release)
+
+    await agent.serving(version.digest, name=version.model, within=30)
+    assert agent.proc.pid == pid, "the same agent process"
+    assert agent.proc.poll() is None, "never restarted"
+    assert "signing_policy.reloaded" in agent.log()
+
+
+async def test_a_cache_stops_serving_a_version_whose_key_its_rewritten_policy_revokes_and_serves_it_once_trusted(
+    fleet: Fleet, make_model: ModelMaker, tmp_path: Path
+) -> None:
+    rotation = _rotation(fleet, make_model, tmp_path)
+    world, version = rotation.world, rotation.version
+    rotation.trust(world.release)
+    cache = start_cache(tmp_path, fleet, f"{world.prefix}-cache", ["--signing-policy", str(rotation.policy)])
+    try:
+        await cache.ready()
+        await eventually(lambda: "tickets.keys_read" in cache.log(), 30, "the cache to read the ticket keys")
+        url, _chunk = chunk_request(peer_url(cache), version)
+        auth = {"Authorization": "Ticket " + ticket(fleet, f"{world.prefix}-holder", [version.model], [version.digest])}
+        async with httpx.AsyncClient(timeout=30) as http:
+
+            def answers(status: int) -> Callable[[], Awaitable[bool]]:
+                async def probe() -> bool:
+                    return (await http.get(url, headers=auth)).status_code == status
+
+                return probe
+
+            await eventually(answers(200), 30, "the cache to serve the version")
+            rotation.trust(world.stranger)  # the release key revoked
+            await eventually(answers(404), 15, "the cache to stop serving the version")
+            rotation.trust(world.stranger, world.release)
+            await eventually(answers(200), 15, "the cache to serve the version again")
+    finally:
+        await cache.close()
