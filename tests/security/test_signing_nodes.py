@@ -263,7 +263,8 @@ async def test_a_node_policy_rewritten_to_trust_the_signing_key_makes_the_refuse
 ) -> None:
     # A key rotation reaching a running node: its policy file is swapped (as a ConfigMap update
     # does) and the version refused a moment ago is fetched within seconds, not after the
-    # minutes a refused version otherwise waits, by the same process.
+    # minutes a refused version otherwise waits, by the same process. A bad rewrite on the way
+    # changes nothing but the node's health report.
     rotation = _rotation(fleet, make_model, tmp_path)
     world, version = rotation.world, rotation.version
     rotation.trust(world.stranger)  # the node does not trust the release key yet
@@ -277,13 +278,22 @@ async def test_a_node_policy_rewritten_to_trust_the_signing_key_makes_the_refuse
     assert refused.problem.retry_at - datetime.now(UTC) > timedelta(minutes=4), "a refusal otherwise waits minutes"
     assert agent.proc is not None
     pid = agent.proc.pid
+    broken = rotation.policy.with_name("policy.json.new")
+    broken.write_text('{"models": ')
+    broken.replace(rotation.policy)  # a bad rewrite: the last good policy stays, and the node says so
 
+    async def health_error() -> str | None:
+        return next((e for e in (await agent.status()).health.errors if "last good signing policy" in e), None)
+
+    assert str(rotation.policy) in await eventually(health_error, 15, "the node to report its bad policy file")
     rotation.trust(world.stranger, world.release)
 
     await agent.serving(version.digest, name=version.model, within=30)
     assert agent.proc.pid == pid, "the same agent process"
     assert agent.proc.poll() is None, "never restarted"
+    assert agent.log().count("signing_policy.invalid") == 1
     assert "signing_policy.reloaded" in agent.log()
+    assert await health_error() is None
 
 
 async def test_a_cache_stops_serving_a_version_whose_key_its_rewritten_policy_revokes_and_serves_it_once_trusted(
