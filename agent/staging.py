@@ -51,6 +51,11 @@ __all__ = ["ChunkJob", "Placement", "Staging"]
 
 log = logging.getLogger("agent.staging")
 
+#: Bytes per ``pwrite`` of a verified chunk. One 64 MiB ``pwrite`` cost 0.5-2.4 CPU-s per GB here
+#: (the page cache then allocates large folios for it) against 0.3 in 256 KiB pieces, measured
+#: back to back on the same buffers.
+WRITE_BLOCK = 256 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -288,7 +293,8 @@ class Staging:
             for p in job.placements:
                 done = 0
                 while done < job.length:
-                    done += os.pwrite(self._fds[p.file], data[done : job.length], p.offset + done)
+                    piece = data[done : min(job.length, done + WRITE_BLOCK)]
+                    done += os.pwrite(self._fds[p.file], piece, p.offset + done)
             with self._lock:
                 self._journal("".join(f"c {p.file} {p.chunk}\n" for p in job.placements))
                 self.done.update((p.file, p.chunk) for p in job.placements)
