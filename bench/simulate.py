@@ -10,28 +10,38 @@ Discrete events over simulated time. The parts:
   first parent it names, or (``upstream_allowed``) from its cluster cache, or tries another chunk
   and asks again after ``retry_after``;
 * caches read through with single flight: a cluster cache miss becomes one region fetch, a region
-  miss one origin fetch, however many wait.
+  miss one origin fetch, however many wait; a cluster cache reads the version ahead as the agent's
+  does: ``--read-ahead`` streams, each claiming a run of 16 chunks from the origin (requesters of
+  any of them wait for the stream) and bringing them back to back; from a region cache, chunk by chunk.
 
 Bandwidth: a transfer's rate is min(sender's upload ÷ its active uploads, receiver's download ÷
 its active downloads), recomputed for the flows of both ends whenever a flow starts or ends. It
 is not max-min fair (capacity a flow bottlenecked elsewhere leaves unused is not handed to its
-neighbours), so it errs slow; there is no latency, no TCP ramp, no rack oversubscription.
+neighbours), so it errs slow; there is no TCP ramp, no rack oversubscription. What the real
+fan-out has and the model takes as constants: payload moves at ``--payload`` of line rate
+(TCP/IPv4 headers at MTU 1500), nothing moves for ``--start-delay`` seconds after the pointer
+update, and ``--request-latency`` (default 0) delays each chunk's first byte.
 
 Output, per scenario: time until every node holds the version ÷ ideal (ideal = size ÷ node
-link rate), origin egress ÷ size, and the speed-up over every node fetching from the origin
-(ideal of that = N × size ÷ origin rate). Scenarios: ``plan`` (default: 140 GB to 2,000 nodes in
+link rate), origin egress ÷ size, the speed-up over every node fetching from the origin
+(ideal of that = N × size ÷ origin rate), and when the cluster caches held the whole version
+(``caches_complete_s``) and the first node did (``first_node_s``): the time after the first is
+how far the nodes trail the caches. Scenarios: ``plan`` (default: 140 GB to 2,000 nodes in
 10 clusters, 25 Gbit/s NICs, 100 Gbit/s origin and caches) and ``fanout`` (16 nodes, 256 MiB,
 100 Mbit/s everywhere, cache and origin included — the topology of ``bench/fanout.py``, for
-calibration). The last line is one JSON object.
+calibration; its chunks in flight, fan-out, upstream grants and read-ahead streams are the
+agent's own defaults). The last line is one JSON object.
 
 Usage: python bench/simulate.py [--scenario plan|fanout|both] [--nodes N] [--clusters C]
        [--size 140GB] [--chunk 1GiB] [--nic 25e9] [--origin 100e9] [--cache 100e9]
        [--fanout 4] [--upstream-slots K] [--concurrency 4] [--read-ahead 1] [--seed 1]
+       [--payload 0.956] [--start-delay 0.3] [--request-latency 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -47,12 +57,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.chunkorder import rank_chunks
+from agent.config import AgentConfig
 from agent.tracker import NodeView, Tracker, TrackerSettings
 from weightship.sizes import parse_size
 
 VERSION = "sha256:" + "5e" * 32
 #: seconds a node keeps one availability answer (agent.sources.Sources's default)
 AVAILABILITY_TTL = 0.1
+#: share of a link's line rate left for payload: TCP/IPv4 over Ethernet at MTU 1500 (1448 of 1514 bytes per frame)
+PAYLOAD_SHARE = 1448 / 1514
+#: seconds from the pointer update until nodes start fetching and the cache starts reading ahead (bench/fanout.py's logs:
+#: long-poll answer, manifest, first tracker call)
+START_DELAY = 0.3
+#: chunks one read-ahead stream of a cache claims and reads in one origin range read (agent.cache.STREAM_CHUNKS)
+STREAM_CHUNKS = 16
 
 
 @dataclass(eq=False)
@@ -135,20 +153,40 @@ class Cache:
         self.upstream = upstream
         self.size = chunk_size
         self.held: set[int] = set()
+        #: when the last chunk came in
+        self.last_arrival = 0.0
         self.waiting: dict[int, list[Callable[[], None]]] = {}
 
-    def read_ahead(self, chunks: int, concurrency: int) -> None:
-        """Pull every chunk from upstream, ``concurrency`` at a time, without waiting to be asked."""
+    def read_ahead(self, chunks: int, streams: int, run: int = 1) -> None:
+        """Pull every chunk from upstream without waiting to be asked: ``streams`` at a time, each a run of chunks.
+
+        ``run`` > 1 is the agent's streamed read-ahead (``agent.cache``): a stream claims up to ``run``
+        consecutive chunks at once (a requester of any of them waits for the stream) and brings them
+        one after another, back to back.
+        """
         order = iter(range(chunks))
 
-        def next_one() -> None:
+        def next_run() -> None:
+            claimed: list[int] = []
             for index in order:
-                if index not in self.held and index not in self.waiting:
-                    self._fetch(index, [next_one])
-                    return
+                if index in self.held or index in self.waiting:
+                    if claimed:
+                        break
+                    continue
+                claimed.append(index)
+                self.waiting[index] = []
+                if len(claimed) == run:
+                    break
+            if claimed:
+                one_by_one(claimed)
 
-        for _ in range(concurrency):
-            next_one()
+        def one_by_one(claimed: list[int]) -> None:
+            index = claimed.pop(0)
+            waiters = self.waiting.pop(index)
+            self._fetch(index, [*waiters, (lambda: one_by_one(claimed)) if claimed else next_run])
+
+        for _ in range(streams):
+            next_run()
 
     def serve(self, index: int, to: Endpoint, done: Callable[[], None]) -> None:
         """Send chunk ``index`` to ``to`` once held; fetch it upstream once however many ask."""
@@ -166,6 +204,7 @@ class Cache:
 
         def arrived() -> None:
             self.held.add(index)
+            self.last_arrival = self.net.now
             for waiter in self.waiting.pop(index):
                 waiter()
 
@@ -234,7 +273,11 @@ class Node:
 
     def _start(self, position: int, go: Callable[[], None]) -> None:
         self.inflight.add(self.todo.pop(position))
-        go()
+        if self.sim.args.request_latency > 0:
+            # the tracker's answer and the request reach the source before a byte moves
+            self.sim.net.at(self.sim.net.now + self.sim.args.request_latency, go)
+        else:
+            go()
 
     def _got(self, index: int, from_peer: bool) -> None:
         self.inflight.discard(index)
@@ -262,15 +305,18 @@ class Simulation:
         self.size_bytes = args.size
         self.chunk = args.chunk
         self.chunks = -(-args.size // args.chunk)
-        origin = Endpoint("origin", args.origin / 8, 0.0)
+        # Payload moves at a share of each link's line rate (headers); ideal stays at line rate, as in bench/fanout.py.
+        self.payload_rate = self.nic * args.payload
+        cache_rate = args.cache / 8 * args.payload
+        origin = Endpoint("origin", args.origin / 8 * args.payload, 0.0)
         self.origin = origin
-        region = Cache(self.net, Endpoint("region", args.cache / 8, args.cache / 8), origin, self.size)
+        region = Cache(self.net, Endpoint("region", cache_rate, cache_rate), origin, self.size)
         self.cluster_caches: list[Cache] = []
         self.trackers: list[Tracker] = []
         self.nodes: dict[str, Node] = {}
         settings = TrackerSettings(fanout=args.fanout, upstream_slots=args.upstream_slots, retry_after=args.retry_after)
         for c in range(args.clusters):
-            link = Endpoint(f"cache{c}", args.cache / 8, args.cache / 8)
+            link = Endpoint(f"cache{c}", cache_rate, cache_rate)
             upstream: Cache | Endpoint = region if args.clusters > 1 or args.region else origin
             self.cluster_caches.append(Cache(self.net, link, upstream, self.size))
             self.trackers.append(Tracker(settings, lambda: self.net.now))
@@ -295,13 +341,18 @@ class Simulation:
         started = time.perf_counter()
         for node in self.nodes.values():
             self.trackers[node.cluster].announce_chunks(node.view, VERSION, [])
-        for node in self.nodes.values():
-            self.net.at(0.0, node.pump)
+        start = self.args.start_delay
         if self.args.read_ahead:
             # A cluster cache that sees a version's first miss seeds the whole version (Dragonfly's
-            # seed peer does the same): the origin link stays busy while nodes feed each other.
+            # seed peer does the same): the origin link stays busy while nodes feed each other. It
+            # claims its first runs before the nodes' first requests arrive (the agent's first tracker
+            # call, for availability, starts it).
             for cache in self.cluster_caches:
-                cache.read_ahead(self.chunks, self.args.read_ahead)
+                # From the origin a stream is one range read over a run of chunks; from a cache, chunk by chunk.
+                run = STREAM_CHUNKS if isinstance(cache.upstream, Endpoint) else 1
+                self.net.at(start, functools.partial(cache.read_ahead, self.chunks, self.args.read_ahead, run))
+        for node in self.nodes.values():
+            self.net.at(start, node.pump)
         self.net.at(10.0, self.reannounce)
         self.net.run(lambda: self.remaining == 0)
         args = self.args
@@ -328,6 +379,9 @@ class Simulation:
             "origin_bps": args.origin,
             "cache_bps": args.cache,
             "time_s": round(makespan, 3),
+            # when the last cluster cache held the whole version, and the first node did
+            "caches_complete_s": round(max(c.last_arrival for c in self.cluster_caches), 3),
+            "first_node_s": round(min(n.finished_at or float("inf") for n in self.nodes.values()), 3),
             "ideal_s": round(ideal, 3),
             "time_over_ideal": round(makespan / ideal, 3),
             "time_over_link_bound": round(makespan / bound, 3),
@@ -339,9 +393,13 @@ class Simulation:
         }
 
 
+#: the agent's own defaults (``weightship-agent`` flags), which the fanout scenario runs with
+AGENT = {f.name: f.default for f in dataclasses.fields(AgentConfig)}
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plan": {
         "concurrency": 4,
+        "fanout": 4,
         "nodes": 2000,
         "clusters": 10,
         "size": "140GB",
@@ -360,9 +418,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "chunk": "4MiB",
         "asks": 64,
         "order": "rarest",
-        "concurrency": 4,
-        "upstream_slots": 8,
-        "read_ahead": 2,
+        # the agent's defaults: --peer-concurrency, --tracker-fanout, --tracker-upstream-slots, --read-ahead
+        "concurrency": AGENT["peer_concurrency"],
+        "fanout": AGENT["tracker_fanout"],
+        "upstream_slots": AGENT["tracker_upstream_slots"],
+        "read_ahead": AGENT["read_ahead"],
         "nic": 100e6,
         "origin": 100e6,
         "cache": 100e6,
@@ -383,7 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--origin", type=float, help="origin egress, bit/s")
     parser.add_argument("--cache", type=float, help="each cache's link, bit/s")
     parser.add_argument("--region", action="store_true", help="a region tier even with one cluster")
-    parser.add_argument("--fanout", type=int, default=4, help="children per parent at once (tracker fanout)")
+    parser.add_argument(
+        "--fanout", type=int, help="children per parent at once (tracker fanout; plan 4, fanout the agent's --tracker-fanout)"
+    )
     parser.add_argument(
         "--upstream-slots",
         type=int,
@@ -405,6 +467,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--asks", type=int, help="chunks a node with a free slot asks the tracker about per round (plan 16, fanout 64)"
+    )
+    parser.add_argument(
+        "--payload", type=float, default=PAYLOAD_SHARE,
+        help="share of a link's line rate that carries payload (default: TCP/IPv4 at MTU 1500, 1448 of 1514 bytes)",
+    )
+    parser.add_argument(
+        "--start-delay", type=float, default=START_DELAY,
+        help="seconds from the pointer update until nodes ask and the cache reads ahead (measured on bench/fanout.py)",
+    )
+    parser.add_argument(
+        "--request-latency", type=float, default=0.0,
+        help="seconds from a node's choice of a chunk until its bytes start to move (tracker call, request)",
     )
     parser.add_argument("--rack-size", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
