@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -405,6 +406,37 @@ def tampered_act(
     return len(found) >= agents and never_ready
 
 
+def make_versions(work: Path, model_dir: Path | None, size_mb: float, env: dict[str, str]) -> float:
+    """v1, v2 and v3 in ``work``: variants of ``model_dir``, or a generated model; the seconds it took.
+
+    ``model_dir``: v1 is a copy, v2 has one norm scale nudged, v3 is v2 with NaN in one weight
+    matrix (``gpu_loader.variants``, one after the other). Otherwise ``gpu_loader.modelgen`` makes
+    all three at once (v2 and v3 redraw only the last shard, v3 is broken): one process each, since
+    each is independent of the others.
+    """
+    t0 = time.monotonic()
+    if model_dir is not None:
+        shutil.copytree(model_dir, work / "v1")
+        variants = [PY, "-m", "gpu_loader.variants"]
+        subprocess.run([*variants, str(work / "v1"), str(work / "v2"), "--nudge"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run([*variants, str(work / "v2"), str(work / "v3"), "--nan"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        return time.monotonic() - t0
+    gen = [PY, "-m", "gpu_loader.modelgen"]
+    common = ["--size-mb", str(size_mb), "--seed", "7", "--shards", "4"]
+    argvs = [
+        [*gen, str(work / "v1"), *common],
+        [*gen, str(work / "v2"), *common, "--variant", "1"],
+        [*gen, str(work / "v3"), *common, "--variant", "2", "--corrupt", "nan"],
+    ]
+    running = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL) for argv in argvs]
+    codes = [proc.wait() for proc in running]
+    if any(codes):
+        raise SystemExit(f"demo: gpu_loader.modelgen failed ({codes}) making v1, v2 and v3 in {work}")
+    return time.monotonic() - t0
+
+
 def mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -433,9 +465,12 @@ def main() -> None:
     # moto accepts any credentials; set them here so this process and its children agree.
     os.environ.update({"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo", "AWS_DEFAULT_REGION": "us-east-1"})
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    background = ThreadPoolExecutor(max_workers=1)
     try:
         console.rule("[bold]weightship demo")
         console.print(f"work directory: {work}")
+        # The versions are made in the background: their processes start while S3 and the control plane do.
+        versions = background.submit(make_versions, work, args.model_dir, args.size_mb, env)
 
         # 1. Local S3 and the control plane, each its own process.
         s3_port = free_port()
@@ -476,33 +511,15 @@ def main() -> None:
         release_key, policy = signing_setup(work, model_name)
         console.print(f"signing: release key {work / 'keys'}/release.key; every node's policy ({policy.name}) requires it")
 
-        # 2. Three versions of a real safetensors model; v2 and v3 redraw only the last shard, v3 is broken.
-        t0 = time.monotonic()
+        # 2. Three versions of a real safetensors model (made while S3 and the control plane start).
+        made_seconds = versions.result()
         if args.model_dir is not None:
-            shutil.copytree(args.model_dir, work / "v1")
-            variants = [PY, "-m", "gpu_loader.variants"]
-            subprocess.run([*variants, str(work / "v1"), str(work / "v2"), "--nudge"], check=True, env=env,
-                           stdout=subprocess.DEVNULL)  # fmt: skip
-            subprocess.run([*variants, str(work / "v2"), str(work / "v3"), "--nan"], check=True, env=env,
-                           stdout=subprocess.DEVNULL)  # fmt: skip
             console.print(f"{args.model_dir.name}: v1 as given, v2 one norm scale nudged, v3 NaN in one weight matrix "
-                          f"({time.monotonic() - t0:.1f}s)")  # fmt: skip
-        gen = [PY, "-m", "gpu_loader.modelgen"]
-        common = ["--size-mb", str(args.size_mb), "--seed", "7", "--shards", "4"]
-        if args.model_dir is None:
-            subprocess.run([*gen, str(work / "v1"), *common], check=True, env=env, stdout=subprocess.DEVNULL)
-            subprocess.run(
-                [*gen, str(work / "v2"), *common, "--variant", "1"], check=True, env=env, stdout=subprocess.DEVNULL
-            )
-            subprocess.run(
-                [*gen, str(work / "v3"), *common, "--variant", "2", "--corrupt", "nan"],
-                check=True,
-                env=env,
-                stdout=subprocess.DEVNULL,
-            )
+                          f"({made_seconds:.1f}s)")  # fmt: skip
+        else:
             console.print(
                 f"generated v1, v2 and v3 ({args.size_mb:.0f} MB each, 4 shards; v3 has NaNs in one layer) "
-                f"in {time.monotonic() - t0:.1f}s"
+                f"in {made_seconds:.1f}s"
             )
 
         # 3. Publish all three; unchanged shards are already in the store.
@@ -543,20 +560,23 @@ def main() -> None:
                     "--gpu-type", "demo", "--peer-listen", f"127.0.0.1:{peer_port}",
                     "--cluster-cache", cache_url, "--signing-policy", str(policy)]  # fmt: skip
             procs.start(f"agent-{i}", argv, env)
+        # A model server beside each agent: loads through gpu_loader, validates, hot-swaps on switches,
+        # and reports per-version counters (requests, errors, latency, validation) to its agent. Each
+        # starts with its agent: it waits for the agent's first version while the agent fetches it.
+        started = time.monotonic()
+        serve_urls = [start_serve(procs, env, i, port) for i, port in enumerate(ports)]
         took = wait_until(
             f"{args.agents} agents to fetch, verify and serve v1", lambda: all_serving(procs, ports, v1), timeout=180
         )
         console.print(f"{args.agents} agents fetched, verified and switched to v1 in {took:.1f}s")
-
-        # A model server beside each agent: loads through gpu_loader, validates, hot-swaps on switches,
-        # and reports per-version counters (requests, errors, latency, validation) to its agent.
-        serve_urls = [start_serve(procs, env, i, port) for i, port in enumerate(ports)]
-        took = wait_until(
+        wait_until(
             "the model servers to load and validate v1",
             lambda: all(served_digest(u) == v1 for u in serve_urls),
             timeout=180,
         )
-        console.print(f"{len(serve_urls)} model servers loaded v1 (verify=trust), passed validation, ready in {took:.1f}s")
+        took = time.monotonic() - started
+        console.print(f"{len(serve_urls)} model servers loaded v1 (verify=trust), passed validation, ready "
+                      f"{took:.1f}s after they started")  # fmt: skip
         if args.prometheus_targets is not None:
             targets_file = scrape_targets(args.prometheus_targets, serve_urls)
             console.print(f"model servers listed for Prometheus in {targets_file}")
@@ -716,6 +736,7 @@ def main() -> None:
                 time.sleep(args.hold)  # ok-sleep: the person looks at the page meanwhile
         print(json.dumps(figures))
     finally:
+        background.shutdown(wait=True)
         procs.stop()
         if targets_file is not None:
             targets_file.unlink(missing_ok=True)
