@@ -91,7 +91,7 @@ class ChunkStore:
         self._make_room(len(data), pinned | {digest})
         target = self.path(digest)
         target.parent.mkdir(exist_ok=True)
-        atomic_write(target, bytes(data), mode=0o444)
+        atomic_write(target, data, mode=0o444)
         with self._lock:
             if digest not in self._sizes:
                 self._used += len(data)

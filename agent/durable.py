@@ -17,7 +17,12 @@ from pathlib import Path
 
 from weightship.errors import DiskFullError
 
-__all__ = ["atomic_symlink", "atomic_write", "disk_full_as_ours", "fsync_dir", "is_disk_full"]
+__all__ = ["WRITE_BLOCK", "atomic_symlink", "atomic_write", "disk_full_as_ours", "fsync_dir", "is_disk_full"]
+
+#: Most bytes per ``write``/``pwrite`` of bulk data (chunks). One 64 MiB ``pwrite`` cost 0.5-2.4 CPU-s
+#: per GB here (the page cache then allocates large folios for it) against 0.3 in 256 KiB pieces,
+#: measured back to back on the same buffers.
+WRITE_BLOCK = 256 * 1024
 
 
 def is_disk_full(exc: OSError) -> bool:
@@ -48,7 +53,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: bytes | memoryview, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` (file mode ``mode``) so that a crash leaves the old or the new content."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     with disk_full_as_ours(str(path)):
@@ -57,7 +62,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view) :]
+                    view = view[os.write(fd, view[:WRITE_BLOCK]) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.durability import make_durable, mark_unsynced
-from agent.durable import atomic_write, disk_full_as_ours
+from agent.durable import WRITE_BLOCK, atomic_write, disk_full_as_ours
 from agent.store import LocalFile
 from agent.verifier import first_bad_chunk, read_matches, verify_chunk
 from weightship.digests import hex_of
@@ -50,11 +50,6 @@ from weightship.manifest import FileEntry, Manifest, check_relative_path
 __all__ = ["ChunkJob", "Placement", "Staging"]
 
 log = logging.getLogger("agent.staging")
-
-#: Bytes per ``pwrite`` of a verified chunk. One 64 MiB ``pwrite`` cost 0.5-2.4 CPU-s per GB here
-#: (the page cache then allocates large folios for it) against 0.3 in 256 KiB pieces, measured
-#: back to back on the same buffers.
-WRITE_BLOCK = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
