@@ -74,6 +74,7 @@ from safetensors.numpy import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.hostcpu import cpu_seconds, host_busy
 from weightship.client import Client
 from weightship.sizes import parse_size
 from weightship.testing import eventually as wait_until
@@ -92,22 +93,6 @@ def p99(samples: list[float]) -> float:
 def heartbeat_seconds(log: str) -> list[float]:
     """The durations the agent logs for its heartbeats (``heartbeat.sent``, debug level)."""
     return [float(m) for m in re.findall(r"heartbeat\.sent seconds=([0-9.]+)", log)]
-
-
-def children_cpu() -> float:
-    """CPU seconds (user + system) of every child process waited for so far."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def host_busy() -> float:
-    """CPU-seconds every process on the host has run so far (``/proc/stat``; 0 where there is none)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    except OSError:
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields)
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu(pid: int) -> float:
@@ -168,8 +153,7 @@ class Bench:
 
     def _run_cpu(self) -> float:
         """CPU seconds of this run so far: this process, its waited-for children, its live processes."""
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        total = own.ru_utime + own.ru_stime + children_cpu()
+        total = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
         for proc in self.procs:
             try:
                 total += process_cpu(proc.pid)
@@ -217,13 +201,13 @@ class Bench:
         argv = ["curl", "-sS", "--fail"]
         for blob in blobs:
             argv += ["-o", str(out / blob), urls[blob].url]
-        cpu = children_cpu()
+        cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
         interval = self._start_interval()
         t = time.monotonic()
         subprocess.run(argv, check=True)
         seconds = time.monotonic() - t
         self.others["curl"] = self._others(interval)
-        self.cpu["curl"] = children_cpu() - cpu
+        self.cpu["curl"] = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
         got = sum((out / b).stat().st_size for b in blobs)
         assert got == size, f"curl fetched {got} bytes, expected {size}"
         shutil.rmtree(out)
@@ -237,7 +221,7 @@ class Bench:
         with Client(cp_url, ADMIN) as client:
             urls = client.blob_urls(blobs).urls
         script = 'set -o pipefail; curl -sS --fail "$1" | tee "$2" | openssl dgst -sha256 -r'
-        cpu = children_cpu()
+        cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
         interval = self._start_interval()
         t = time.monotonic()
         procs = {
@@ -251,7 +235,7 @@ class Bench:
         digests = {blob: proc.communicate()[0].split()[0] for blob, proc in procs.items()}
         seconds = time.monotonic() - t
         self.others["curl_verified"] = self._others(interval)
-        self.cpu["curl_verified"] = children_cpu() - cpu
+        self.cpu["curl_verified"] = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu
         for blob, proc in procs.items():
             assert proc.returncode == 0, f"curl | tee | openssl failed for {blob}"
             assert digests[blob] == blob, f"{blob}: openssl computed {digests[blob]}"

@@ -48,6 +48,9 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.hostcpu import cpu_seconds, host_busy
 from controlplane.persistence.store import S3Store
 from controlplane.persistence.store.parts import b64_of_hex, plan_parts, verify_stored
 from weightship.chunks import chunk_ranges
@@ -72,29 +75,14 @@ def _write_files(root: Path, total: int, files: int) -> list[Path]:
     return paths
 
 
-def _cpu_seconds(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _host_busy() -> float:
-    """CPU-seconds every process on the host has run so far (``/proc/stat``; 0 where there is none)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    except OSError:
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields)
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
 def _timed(fn: object, who: int) -> tuple[float, float, float]:
     """``fn()``'s wall seconds, the CPU-seconds of ``who`` (self or children), and other processes' mean busy cores."""
-    host, cpu = _host_busy(), _cpu_seconds(who)
+    host, cpu = host_busy(), cpu_seconds(who)
     start = time.perf_counter()
     fn()  # type: ignore[operator]
     wall = time.perf_counter() - start
-    used = _cpu_seconds(who) - cpu
-    others = max(0.0, _host_busy() - host - used)
+    used = cpu_seconds(who) - cpu
+    others = max(0.0, host_busy() - host - used)
     return wall, used, others / wall
 
 

@@ -92,7 +92,7 @@ BENCHES = [
 ]
 
 #: modules of bench/ that benchmarks import and nobody runs
-LIBRARIES = {"topology.py"}
+LIBRARIES = {"hostcpu.py", "topology.py"}
 
 
 def _netns_unavailable() -> str | None:
