@@ -560,23 +560,20 @@ def main() -> None:
                     "--gpu-type", "demo", "--peer-listen", f"127.0.0.1:{peer_port}",
                     "--cluster-cache", cache_url, "--signing-policy", str(policy)]  # fmt: skip
             procs.start(f"agent-{i}", argv, env)
-        # A model server beside each agent: loads through gpu_loader, validates, hot-swaps on switches,
-        # and reports per-version counters (requests, errors, latency, validation) to its agent. Each
-        # starts with its agent: it waits for the agent's first version while the agent fetches it.
-        started = time.monotonic()
-        serve_urls = [start_serve(procs, env, i, port) for i, port in enumerate(ports)]
         took = wait_until(
             f"{args.agents} agents to fetch, verify and serve v1", lambda: all_serving(procs, ports, v1), timeout=180
         )
         console.print(f"{args.agents} agents fetched, verified and switched to v1 in {took:.1f}s")
-        wait_until(
+
+        # A model server beside each agent: loads through gpu_loader, validates, hot-swaps on switches,
+        # and reports per-version counters (requests, errors, latency, validation) to its agent.
+        serve_urls = [start_serve(procs, env, i, port) for i, port in enumerate(ports)]
+        took = wait_until(
             "the model servers to load and validate v1",
             lambda: all(served_digest(u) == v1 for u in serve_urls),
             timeout=180,
         )
-        took = time.monotonic() - started
-        console.print(f"{len(serve_urls)} model servers loaded v1 (verify=trust), passed validation, ready "
-                      f"{took:.1f}s after they started")  # fmt: skip
+        console.print(f"{len(serve_urls)} model servers loaded v1 (verify=trust), passed validation, ready in {took:.1f}s")
         if args.prometheus_targets is not None:
             targets_file = scrape_targets(args.prometheus_targets, serve_urls)
             console.print(f"model servers listed for Prometheus in {targets_file}")
