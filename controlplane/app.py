@@ -87,7 +87,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ws = state
         tokens.bootstrap_tokens(state)
         state.metrics_registry.register(QueryCounter(engine))
-        state.metrics_registry.register(AutoscalingCollector(state.sessions, settings.node_stale_seconds))
+        state.metrics_registry.register(
+            AutoscalingCollector(state.sessions, settings.node_stale_seconds, settings.signal_window_seconds)
+        )
         sweeper = asyncio.create_task(_sweep_uploads_forever(state))
         providers = ProviderRegistry.default(builtin=BuiltinProvider.for_state(state))
         driver = FleetRolloutDriver(state, providers)

@@ -9,7 +9,7 @@ reports the same numbers:
 ``weightship_deployment_queue_depth{deployment,version}``
     requests waiting for a worker now, summed over live nodes;
 ``weightship_deployment_request_rate{deployment,version}``
-    requests per second over the last ``SIGNAL_WINDOW_SECONDS``;
+    requests per second over the last ``SIGNAL_WINDOW_SECONDS`` (``WEIGHTSHIP_SIGNAL_WINDOW_SECONDS``);
 ``weightship_deployment_error_ratio{deployment,version}``
     server-side errors per request over that window (absent without requests);
 ``weightship_deployment_latency_seconds{deployment,version,quantile}``
@@ -44,7 +44,7 @@ __all__ = ["SIGNAL_WINDOW_SECONDS", "AutoscalingCollector", "staged_capacity"]
 
 log = logging.getLogger(__name__)
 
-#: the window rates and latency quantiles are computed over
+#: the window rates and latency quantiles are computed over, unless the collector is given another
 SIGNAL_WINDOW_SECONDS = 60.0
 _LABELS = ["deployment", "version"]
 
@@ -69,9 +69,13 @@ def staged_capacity(stable: str, deployment: str, report: dict[str, Any]) -> boo
 class AutoscalingCollector(Collector):
     """Scrape-time autoscaling gauges, read from the database."""
 
-    def __init__(self, sessions: sessionmaker[Session], stale_seconds: float) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], stale_seconds: float, window_seconds: float = SIGNAL_WINDOW_SECONDS
+    ) -> None:
         self._sessions = sessions
         self._stale_seconds = stale_seconds
+        #: rates and quantiles cover this many seconds; they show once samples cover half of it
+        self._window_seconds = window_seconds
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         """The gauges above; nothing when the database does not answer (``weightship_database_up`` says so)."""
@@ -86,12 +90,12 @@ class AutoscalingCollector(Collector):
                 ).all()
                 live = live_sample(session, now, self._stale_seconds)
                 found = windows(
-                    session, [n for n, _ in deployments], SIGNAL_WINDOW_SECONDS, now, self._stale_seconds, live
+                    session, [n for n, _ in deployments], self._window_seconds, now, self._stale_seconds, live
                 )
         except TemporaryError as err:
             event(log, "autoscaling.metrics_unavailable", logging.WARNING, error=err.message)
             return
-        yield from _traffic_families(live, found)
+        yield from _traffic_families(live, found, self._window_seconds)
         serving = GaugeMetricFamily(
             "weightship_deployment_serving_nodes", "Live nodes serving the version", labels=_LABELS
         )
@@ -115,7 +119,9 @@ class AutoscalingCollector(Collector):
         yield staged
 
 
-def _traffic_families(live: FleetSample, found: dict[str, Window | None]) -> Iterable[GaugeMetricFamily]:
+def _traffic_families(
+    live: FleetSample, found: dict[str, Window | None], window_seconds: float
+) -> Iterable[GaugeMetricFamily]:
     queue = GaugeMetricFamily(
         "weightship_deployment_queue_depth",
         "Requests waiting for a model-server worker, summed over live nodes",
@@ -131,17 +137,17 @@ def _traffic_families(live: FleetSample, found: dict[str, Window | None]) -> Ite
     yield queue
     rate = GaugeMetricFamily(
         "weightship_deployment_request_rate",
-        f"Requests per second over the last {SIGNAL_WINDOW_SECONDS:g}s",
+        f"Requests per second over the last {window_seconds:g}s",
         labels=_LABELS,
     )
     errors = GaugeMetricFamily(
         "weightship_deployment_error_ratio",
-        f"Server-side errors per request over the last {SIGNAL_WINDOW_SECONDS:g}s",
+        f"Server-side errors per request over the last {window_seconds:g}s",
         labels=_LABELS,
     )
     latency = GaugeMetricFamily(
         "weightship_deployment_latency_seconds",
-        f"Request latency quantiles over the last {SIGNAL_WINDOW_SECONDS:g}s",
+        f"Request latency quantiles over the last {window_seconds:g}s",
         labels=[*_LABELS, "quantile"],
     )
     for name, win in sorted(found.items()):

@@ -70,6 +70,10 @@ class Settings:
     node_stale_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_NODE_STALE_SECONDS", "30", float))
     #: how often the fleet's serving counters are sampled (analysis windows and autoscaling gauges start at one)
     serve_sample_seconds: float = field(default_factory=lambda: _number("WEIGHTSHIP_SERVE_SAMPLE_SECONDS", "10", float))
+    #: the window the autoscaling gauges' rates and latency quantiles cover (``controlplane.autoscaling``)
+    signal_window_seconds: float = field(
+        default_factory=lambda: _number("WEIGHTSHIP_SIGNAL_WINDOW_SECONDS", "60", float)
+    )
     #: how long samples are kept: the longest analysis window (built-in provider ``window``) must fit
     serve_sample_retention_seconds: float = field(
         default_factory=lambda: _number("WEIGHTSHIP_SERVE_SAMPLE_RETENTION_SECONDS", "3600", float)

@@ -74,6 +74,9 @@ async def test_model_server_counters_reach_the_builtin_provider_and_metrics_thro
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("WEIGHTSHIP_SERVE_SAMPLE_SECONDS", "0.5")
+    # The autoscaling gauges show once samples cover half their window: 20 s after start-up rather than
+    # 30 s; 40 s still holds every request the test sends.
+    monkeypatch.setenv("WEIGHTSHIP_SIGNAL_WINDOW_SECONDS", "40")
     cp = ControlPlaneProcess(tmp_path / "controlplane")
     cp.start()
     agents: list[AgentProcess] = []
