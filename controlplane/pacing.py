@@ -36,7 +36,7 @@ __all__ = ["MAX_SPREAD_SECONDS", "REPOLL_RATE", "WAKE_BATCH", "Waker", "expiry"]
 #: parked polls resolved per batch when a change wakes them
 WAKE_BATCH = 32
 #: pause between two batches, so requests already waiting are served in between
-WAKE_GAP_SECONDS = 0.003
+WAKE_GAP_SECONDS = 0.006
 #: polls per second that a woken fleet is asked to come back at
 REPOLL_RATE = 1000.0
 #: the longest a woken poll is asked to wait before it comes back
