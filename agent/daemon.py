@@ -429,10 +429,12 @@ class Agent:
             tasks.append(loop.create_task(self.switch_hooks.run(), name="switch-hooks"))
         if self.assembler.gate is not None:
             tasks.append(loop.create_task(self._policy_loop(), name="signing-policy"))
-        if self.sources is not None and self.peer_url:
-            self.sources.address = self.peer_url
-            for manifest in (await loop.run_in_executor(self.executor, self.store.ready)).values():
-                self.sources.holding(manifest, chunk_order(manifest))
+        if self.sources is not None:
+            if self.peer_url:
+                self.sources.address = self.peer_url
+                for manifest in (await loop.run_in_executor(self.executor, self.store.ready)).values():
+                    self.sources.holding(manifest, chunk_order(manifest))
+            # Without a peer listener too: announcing what it fetched ends the node's upstream grants.
             tasks.append(loop.create_task(self.sources.announce_loop(), name="announce"))
         stopping = loop.create_task(stop.wait(), name="stop")
         crashed: BaseException | None = None

@@ -402,8 +402,9 @@ class Sources:
             self._dirty.set()
 
     def verified(self, manifest: Manifest, chunks: Iterable[str]) -> None:
-        """These chunks of ``manifest`` were verified here: announce them soon."""
-        if not self.tracker or not self.address:
+        """These chunks of ``manifest`` were verified here: announce them soon (without a peer
+        listener too: the announcement ends this node's upstream grants for them)."""
+        if not self.tracker:
             return
         if manifest.digest not in self._held:
             self.holding(manifest)
@@ -419,7 +420,7 @@ class Sources:
                 await asyncio.sleep(self.announce_debounce)
             changed = self._dirty.is_set()
             self._dirty.clear()
-            if self._held and self.tracker and self.address:
+            if self._held and self.tracker:
                 ok = await self.announce()
                 if ok and (changed or not self._last_ok):
                     # logged on news, and on the first success after failures (a tracker back up)
@@ -454,7 +455,7 @@ class Sources:
             ticket = await self._ticket(versions)
             if ticket is None:
                 return True  # nothing held that this node may announce
-            body = TrackerAnnounce(node=self.node, address=self.address, labels=self.labels,
+            body = TrackerAnnounce(node=self.node, address=self.address or None, labels=self.labels,
                                    upload_slots_free=self.upload_slots, versions=versions)  # fmt: skip
             http = await self._http()
             headers = {"Authorization": f"Ticket {ticket}", "Content-Type": "application/json"}

@@ -204,8 +204,16 @@ class Tracker:
     # --- announcements -------------------------------------------------------------------------
 
     def announce(self, view: NodeView, versions: Mapping[str, Iterable[int]]) -> None:
-        """Record what ``view.name`` holds now; replaces what it said before for these versions."""
+        """Record what ``view.name`` holds now; replaces what it said before for these versions.
+
+        A node without an address serves no peers: what it holds only ends its own grants.
+        """
         self._sweep()
+        if not view.address:
+            for version, indexes in versions.items():
+                for index in indexes:
+                    self._finished(view.name, (version, index))
+            return
         self._nodes[view.name] = _Node(view, self.clock())
         mine = self._held.setdefault(view.name, {})
         for version, indexes in versions.items():
@@ -220,6 +228,9 @@ class Tracker:
 
     def announce_chunks(self, view: NodeView, version: str, indexes: Iterable[int]) -> None:
         """Add chunks ``view.name`` just verified (an incremental announcement)."""
+        if not view.address:
+            self.announce(view, {version: indexes})
+            return
         self._sweep()
         self._nodes[view.name] = _Node(view, self.clock())
         mine = self._held.setdefault(view.name, {}).setdefault(version, set())

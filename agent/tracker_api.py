@@ -121,7 +121,8 @@ class TrackerRoutes:
                     )
                 if not held:
                     self.rate.admit(ticket.node)
-                    check_announced(body.address, ticket, self.networks)
+                    if body.address is not None:
+                        check_announced(body.address, ticket, self.networks)
                 count = len(await self._order(version))
                 held[version] = list(indexes_of(_decode(have.have, count), count))
             if not held:
@@ -130,7 +131,7 @@ class TrackerRoutes:
                 self._dropped(body.node, version, refusal)
             view = NodeView(
                 body.node,
-                body.address,
+                body.address or "",
                 rack=body.labels.get("rack", ""),
                 zone=body.labels.get("zone", ""),
                 upload_slots_free=body.upload_slots_free,

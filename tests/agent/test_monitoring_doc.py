@@ -73,7 +73,9 @@ async def test_every_target_of_the_documented_scrape_config_is_up(
         await cache.ready()
         node = spawn(f"{model[:50]}-gpu", extra=["--metrics-listen", "127.0.0.1:0", "--cluster-cache", peer_url(cache)])
         await node.ready()
-        await node.serving(v1.digest)
+        # Well within the tracker's 30 s upstream lease: a node without a peer listener announces
+        # what it fetched, which ends its grants (it would otherwise stall until they expired).
+        await node.serving(v1.digest, within=20)
         assert not _runtime(node)["peer"], "the node runs no peer listener"
         (tmp_path / "serve").mkdir()
         server = ServerProcess(["--agent", node.url, "--deployment", deployment], tmp_path / "serve")

@@ -112,6 +112,19 @@ def test_upstream_grant_ends_when_the_chunk_is_announced_and_waiters_get_the_new
     assert tracker.sources("d", V, 2).upstream_allowed
 
 
+def test_a_node_without_a_peer_listener_ends_its_grants_by_announcing_and_is_never_a_parent() -> None:
+    tracker, _clock = make(upstream_slots=8, upstream_per_node=2, upstream_lease=30.0)
+    leech = NodeView("leech", "")  # serves no peers: announces without an address
+    assert [tracker.sources("leech", V, k).upstream_allowed for k in range(3)] == [True, True, False]
+    tracker.announce_chunks(leech, V, [0])  # fetched: that grant ends now, not after its 30 s lease
+    assert tracker.upstream_grants() == 1
+    assert tracker.sources("leech", V, 2).upstream_allowed
+    tracker.announce(leech, {V: [0, 1, 2]})
+    assert tracker.upstream_grants() == 0
+    assert tracker.holders(V, 0) == set()  # nobody is sent to it
+    assert tracker.sources("other", V, 0).upstream_allowed
+
+
 @pytest.mark.parametrize(
     ("reason", "base"),
     [(Reason.corrupt, 300.0), (Reason.slow, 30.0)],

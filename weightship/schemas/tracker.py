@@ -30,7 +30,9 @@ class TrackerAnnounce(Schema):
     """``POST /v1/tracker/announce``: what a node holds, batched over versions; re-sent periodically."""
 
     node: Name
-    address: str = Field(pattern=r"^https?://", max_length=512)
+    #: the node's peer listener; none for a node that serves no peers: its announcements end its
+    #: upstream grants (a chunk it announces is one it no longer fetches) but it is never a parent
+    address: str | None = Field(default=None, pattern=r"^https?://", max_length=512)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     upload_slots_free: Count = 0
     versions: dict[Digest, TrackerHave] = Field(max_length=256)
