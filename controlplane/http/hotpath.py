@@ -60,18 +60,18 @@ class HotRoutes:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = _handler(scope)
-        if handler is not None:
-            state = scope["app"].state.ws
-            node_id = scope["path"][len(_PREFIX) :].partition("/")[0]
-            rest = await handler(scope, receive, send, state, node_id)
+        found = _handler(scope)
+        if found is not None:
+            handler, node_id = found
+            rest = await handler(scope, receive, send, scope["app"].state.ws, node_id)
             if rest is None:
                 return
             receive = rest
         await self.app(scope, receive, send)
 
 
-def _handler(scope: Scope) -> _Handler | None:
+def _handler(scope: Scope) -> tuple[_Handler, str] | None:
+    """The hot route ``scope`` asks for, and the node id in its path; None for any other request."""
     if scope["type"] != "http" or scope.get("root_path"):
         return None
     path: str = scope["path"]
@@ -81,9 +81,9 @@ def _handler(scope: Scope) -> _Handler | None:
     if not node_id or not slash:
         return None
     if tail == "heartbeat" and scope["method"] == "POST":
-        return _heartbeat
+        return _heartbeat, node_id
     if tail == "desired" and scope["method"] == "GET":
-        return _desired
+        return _desired, node_id
     return None
 
 
