@@ -18,6 +18,7 @@ Modules (one line each; ``tests/test_module_maps.py`` keeps the map complete):
 - ``counters``: Byte and chunk counters of one agent run; what the heartbeat reports and the demo prints
 - ``daemon``: The agent process: wiring, and the loops that talk to the control plane
 - ``durable``: Durable file-system steps: atomic replacement, fsync of files and directories
+- ``durability``: Durability off the readiness path: a version is ready once verified, and made durable just after
 - ``epochs``: Anti-rollback: the highest pointer epoch accepted per deployment, persisted across restarts
 - ``fetcher``: Fetching a version's missing chunks: local copies first, then HTTP range requests on blob URLs
 - ``hookcalls``: Switch hooks: how one is configured, and one call of it (a command, a signal, an HTTP POST)
