@@ -119,14 +119,27 @@ class Assembler:
             raise IntegrityError(f"manifest for {digest} has digest {manifest.digest}; refused")
         return manifest
 
+    def cleared(self, digest: str) -> bool:
+        """Whether the node's signing policy now in effect accepted ``digest`` (always, without a policy)."""
+        return self.gate is None or self.gate.accepted(digest)
+
     async def assemble(self, model: str, digest: str, progress: Progress) -> None:
-        """Fetch, verify and install ``digest``; raises a ``WeightshipError`` saying what failed."""
+        """Fetch, verify and install ``digest``; raises a ``WeightshipError`` saying what failed.
+
+        A version already on disk is only checked against the signing policy (nothing is fetched):
+        a switch back to it must pass the policy in effect now, as a fetch would.
+        """
         began = time.monotonic()
         progress.trouble = progress.trouble_at = None
-        manifest = await self.manifest(model, digest)
-        if self.gate is not None:
-            await self.gate.check(manifest)  # before a byte of the version is fetched
+        on_disk = self.store.ready().get(digest)
+        manifest = on_disk or await self.manifest(model, digest)
         progress.bytes_total = manifest.total_size
+        if on_disk is not None:
+            progress.bytes_present = manifest.total_size
+        if self.gate is not None:
+            await self.gate.check(manifest)  # before a byte of the version is fetched, or it is served again
+        if on_disk is not None:
+            return  # on disk and verified already: only the node's policy had to agree (``cleared``)
         staging = Staging(self.store.staging_dir, manifest)
         resumed = staging.journal_path.exists()
         try:

@@ -4,6 +4,8 @@ Per deployment, a pointer from the control plane (epoch ``E``, digest ``D``)::
 
     E lower than an epoch already accepted  -> refused: reported in the heartbeat, nothing moves
     D ready on disk                         -> switch: record (E, D), then swap the ``current`` link
+                                               (a D not served now must pass the signing policy
+                                               in effect first, as a fetch would: nothing is fetched)
     D not on disk                           -> fetch D, keep serving the current version meanwhile,
                                                switch once D is ready (if it is still wanted)
 
@@ -310,7 +312,7 @@ class Reconciler:
 
     def inventory(self) -> list[VersionInventory]:
         """Every version on this node: ready, fetching (with bytes so far) or failed (with why)."""
-        ready = self.store.ready()
+        ready = {d: m for d, m in self.store.ready().items() if not self._refused_on_disk(d)}
         items = [
             VersionInventory(digest=d, state=VersionState.ready, bytes_total=m.total_size, bytes_present=m.total_size)
             for d, m in sorted(ready.items())
@@ -333,7 +335,7 @@ class Reconciler:
     def describe(self, digest: str, deployment: str | None) -> LocalVersion:
         """Where ``digest`` (asked for as a version of ``deployment``) stands on this node, and why."""
         manifest = self.store.ready().get(digest)
-        if manifest is not None:
+        if manifest is not None and not self._refused_on_disk(digest):
             size = manifest.total_size
             path = str(self.store.path(digest))
             return LocalVersion(
@@ -354,6 +356,11 @@ class Reconciler:
             )
         state, reason = self._why_not(digest, deployment)
         return LocalVersion(digest=digest, deployment=deployment, state=state, reason=reason[:4096])
+
+    def _refused_on_disk(self, digest: str) -> bool:
+        """Whether ``digest`` is on disk but its last check against the signing policy failed (it is not served)."""
+        version = self._versions.get(digest)
+        return version is not None and not version.running and version.error is not None and self.store.is_ready(digest)
 
     def _why_not(self, digest: str, deployment: str | None) -> tuple[LocalVersionState, str]:
         """Why ``digest`` is neither on disk nor being fetched: queued, not named, or nothing known yet."""
@@ -429,9 +436,9 @@ class Reconciler:
         for target in list(self._targets.values()):
             if target.digest is None:
                 continue
-            if self.store.is_ready(target.digest):
+            if self.store.is_ready(target.digest) and (self._serving(target) or self.assembler.cleared(target.digest)):
                 await self._switch(target)
-            else:
+            else:  # fetched, or (on disk already) checked against the signing policy in effect
                 serving_fetches |= self._want(target.model, target.digest, now)
         wanted = {t.digest for t in self._targets.values() if t.digest}
         # What local servers asked for first (they wait for it), then what the pointers keep.
@@ -540,6 +547,11 @@ class Reconciler:
             self._wake.set()
             self.serving.poke()  # a version asked for by digest is ready now, or failed
             self.on_change()
+
+    def _serving(self, target: Target) -> bool:
+        """Whether ``target``'s deployment serves its version already (a new epoch only is recorded)."""
+        record = self.book.get(target.name)
+        return record is not None and record.digest == target.digest and self.store.current(target.name) == target.digest
 
     async def _switch(self, target: Target) -> None:
         assert target.digest is not None

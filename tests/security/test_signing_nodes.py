@@ -323,3 +323,41 @@ async def test_a_cache_stops_serving_a_version_whose_key_its_rewritten_policy_re
             await eventually(answers(200), 15, "the cache to serve the version again")
     finally:
         await cache.close()
+
+
+async def test_a_rollback_to_a_version_on_disk_whose_key_the_policy_now_revokes_is_refused_until_trusted_again(
+    spawn: Spawn, fleet: Fleet, make_model: ModelMaker, tmp_path: Path
+) -> None:
+    # Versions on disk were accepted under an older policy: a switch back to one (a rollback, as a
+    # taken-over control plane could order) is judged by the policy in effect now, and downloads
+    # nothing either way. The version served meanwhile keeps serving.
+    rotation = _rotation(fleet, make_model, tmp_path)
+    world, v1 = rotation.world, rotation.version
+    rotation.trust(world.release)
+    v2 = world.publish(v1.model, "v2", 6)
+    world.sign(v2, sign_manifest(v2, world.release.private_pem))
+    node = f"{world.prefix}-rollback"
+    agent = spawn(node, deployments=[v1.model], extra=["--signing-policy", str(rotation.policy)])
+    await agent.ready()
+    await agent.serving(v1.digest, name=v1.model, within=30)
+    fleet.point(v1.model, v1.model, "v2")
+    await agent.serving(v2.digest, name=v1.model, within=30)
+    downloaded = (await agent.status()).counters.bytes_downloaded
+
+    rotation.trust(world.stranger)  # the release key revoked: v2, served already, stays served
+    await eventually(lambda: "signing_policy.reloaded" in agent.log(), 15, "the node to read its new policy")
+    fleet.rollback(v1.model)
+
+    refused = await eventually(_refused(fleet, node, v1.digest), 30, f"{node} to refuse the rollback to v1")
+    assert refused.problem is not None
+    assert refused.problem.reason == FetchFailure.signature_refused
+    assert "refused by this node's signing policy" in refused.problem.message, refused.problem.message
+    view = await agent.deployment(v1.model)
+    assert view is not None
+    assert (view.digest, view.ready) == (v2.digest, True), "v2 keeps serving"
+    local = await agent.get(f"/local/v1/versions/{v1.digest}", deployment=v1.model)
+    assert local.json()["state"] == "failed", local.text
+
+    rotation.trust(world.stranger, world.release)
+    await agent.serving(v1.digest, name=v1.model, within=30)
+    assert (await agent.status()).counters.bytes_downloaded == downloaded, "v1 was on disk all along"
