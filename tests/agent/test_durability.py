@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.durability import is_unsynced
-from tests.agent.agent_processes import Spawn, eventually
+from tests.agent.agent_processes import AgentProcess, Spawn, eventually
 from tests.agent.fleet import Fleet
 from weightship.digests import hex_of
 from weightship.layout import read_verification
@@ -40,16 +40,24 @@ def assert_whole(root: Path, manifest: Manifest) -> None:
     assert record.digest == manifest.digest
 
 
-async def test_a_version_killed_before_its_flush_is_hashed_again_at_start_and_downloads_nothing(
-    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, version: Manifest, model: str, deployment: str
-) -> None:
+async def _killed_before_flush(
+    spawn: Spawn, fleet: Fleet, version: Manifest, model: str, deployment: str, name: str
+) -> tuple[AgentProcess, Path]:
+    """An agent that served ``version`` and was killed (-9) before flushing it; and the version's directory."""
     fleet.point(deployment, model, "v1")
-    agent = spawn("node-u", extra=["--sync-delay", "600"])
+    agent = spawn(name, extra=["--sync-delay", "600"])
     await agent.ready()
     await agent.serving(version.digest)
     root = agent.data_dir / "versions" / hex_of(version.digest)
     assert is_unsynced(root), "ready before the flush: the marker is still there"
     agent.kill9()
+    return agent, root
+
+
+async def test_a_version_killed_before_its_flush_is_hashed_again_at_start_and_downloads_nothing(
+    spawn: Spawn, fleet: Fleet, proxy: FaultProxy, version: Manifest, model: str, deployment: str
+) -> None:
+    agent, root = await _killed_before_flush(spawn, fleet, version, model, deployment, "node-u")
     served = len(proxy.served)
 
     agent.extra = []  # the restarted agent flushes at once
@@ -65,13 +73,7 @@ async def test_a_version_killed_before_its_flush_is_hashed_again_at_start_and_do
 async def test_a_chunk_lost_between_ready_and_flush_is_found_at_start_and_fetched_again(
     spawn: Spawn, fleet: Fleet, proxy: FaultProxy, version: Manifest, model: str, deployment: str
 ) -> None:
-    fleet.point(deployment, model, "v1")
-    agent = spawn("node-d", extra=["--sync-delay", "600"])
-    await agent.ready()
-    await agent.serving(version.digest)
-    root = agent.data_dir / "versions" / hex_of(version.digest)
-    assert is_unsynced(root)
-    agent.kill9()
+    agent, root = await _killed_before_flush(spawn, fleet, version, model, deployment, "node-d")
 
     # What a power loss may do to bytes that were only in the page cache: chunk 1 of the largest file is gone.
     entry = max(version.files, key=lambda f: f.size)
