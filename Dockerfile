@@ -17,20 +17,24 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# Dependencies first, so editing code does not re-resolve them.
+# Dependencies first, in their own layer, so editing code does not install them again: the list
+# is pyproject.toml's (with the operator's extra: its Kubernetes client and kopf), and the package
+# itself is installed after the code, without them. pip refuses extras in a constraints file:
+# strip them (psycopg[binary] -> psycopg; the list asks for the extras it needs).
 COPY requirements.txt pyproject.toml README.md ./
-# pip refuses extras in a constraints file: strip them (psycopg[binary] -> psycopg; the package
-# spec below asks for the extras it needs).
 RUN sed -E 's/\[[^]]*\]//' requirements.txt > /tmp/constraints.txt \
+ && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['operator']))" > /tmp/dependencies.txt \
  && python -m venv /opt/weightship \
- && /opt/weightship/bin/pip install -q --upgrade pip
+ && /opt/weightship/bin/pip install -q --upgrade pip \
+ && /opt/weightship/bin/pip install -q -c /tmp/constraints.txt -r /tmp/dependencies.txt
 COPY weightship/ weightship/
 COPY controlplane/ controlplane/
 COPY agent/ agent/
 COPY gpu_loader/ gpu_loader/
-# `.[operator]`: the operator's Kubernetes client and kopf; pip warns and goes on if the extra is absent.
-RUN /opt/weightship/bin/pip install -q -c /tmp/constraints.txt ".[operator]" \
- && /opt/weightship/bin/python -c "import controlplane.__main__, agent.__main__, weightship.cli"
+RUN /opt/weightship/bin/pip install -q --no-deps . \
+ && /opt/weightship/bin/pip check \
+ && /opt/weightship/bin/python -c "import controlplane.__main__, agent.__main__, weightship.cli, kopf"
 
 FROM build AS build-serve
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
