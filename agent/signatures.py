@@ -18,9 +18,10 @@ fleet through an updated ConfigMap). The file is followed by ``weightship.signin
 changed. A new policy moves ``generation`` and drops every remembered verdict, so a version
 accepted before is checked again before it is fetched, cached or switched to again (a version on
 disk stays there, and the one a deployment serves keeps serving); the reconciler retries at once
-the versions refused under an older generation, and a cache re-checks what it holds. A changed file that cannot be read or parsed keeps the last
-good policy: it is logged once per bad version of the file (``signing_policy.invalid``) and shown
-in the heartbeat's health errors (``problem``) until the file is fixed.
+the versions refused under an older generation, and a cache re-checks what it holds. A changed
+file that cannot be read or parsed keeps the last good policy: it is logged once per bad version
+of the file (``signing_policy.invalid``) and shown in the heartbeat's health errors
+(``problem``) until the file is fixed.
 """
 
 from __future__ import annotations

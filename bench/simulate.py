@@ -56,6 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent.cache import STREAM_CHUNKS
 from agent.chunkorder import rank_chunks
 from agent.config import AgentConfig
 from agent.tracker import NodeView, Tracker, TrackerSettings
@@ -69,8 +70,6 @@ PAYLOAD_SHARE = 1448 / 1514
 #: seconds from the pointer update until nodes start fetching and the cache starts reading ahead (bench/fanout.py's logs:
 #: long-poll answer, manifest, first tracker call)
 START_DELAY = 0.3
-#: chunks one read-ahead stream of a cache claims and reads in one origin range read (agent.cache.STREAM_CHUNKS)
-STREAM_CHUNKS = 16
 
 
 @dataclass(eq=False)

@@ -28,7 +28,7 @@ from tests.agent.agent_processes import Spawn, eventually
 from tests.agent.controlplane_process import ADMIN_TOKEN
 from tests.agent.fleet import Fleet
 from tests.agent.peers import chunk_request, peer_url, start_cache, ticket
-from tests.signing_material import CertificateAuthority, Signer
+from tests.signing_material import CertificateAuthority, Signer, policy_json
 from weightship.cli import app
 from weightship.digests import hex_of
 from weightship.manifest import SIGNATURE_FILE, Manifest, parse_manifest
@@ -228,7 +228,6 @@ async def test_a_manifest_replaced_in_the_bucket_is_never_ready_on_any_node_reas
         assert view is None or not view.ready, "never ready"
 
 
-
 @dataclasses.dataclass
 class Rotation:
     """A version signed by the release key, pointed at, and a node policy file rewritten as a ConfigMap is."""
@@ -241,7 +240,7 @@ class Rotation:
         """Make the policy trust exactly ``keys`` for the version's model (a new file renamed over the old)."""
         entries = [{"id": k.root.name, "public_key": k.public_pem} for k in keys]
         fresh = self.policy.with_name("policy.json.new")
-        fresh.write_text(json.dumps({"models": {self.version.model: {"require_signature": True, "keys": entries}}}))
+        fresh.write_bytes(policy_json(self.version.model, keys=entries))
         fresh.replace(self.policy)
 
 
