@@ -26,7 +26,7 @@ SCRIPT = REPO / "scripts" / "images.sh"
 IMAGE_REPO = "localhost/weightship-test"
 IMAGE_TAG = "test"
 IMAGE = f"{IMAGE_REPO}:{IMAGE_TAG}"
-#: a build from nothing (base included) is about 3 minutes here; a cached one is seconds
+#: a build from nothing (base included) is about a minute here with overlay storage, a few with vfs
 BUILD_TIMEOUT = 1200
 
 _Test = TypeVar("_Test", bound=Callable[..., None])
