@@ -6,7 +6,12 @@ Two jobs, both offline on the hot path:
   keys learnt from the control plane (``GET /v1/tickets/keys``, and every grant). A ticket signed
   by a key this agent does not know yet triggers one re-read of the keys, at most every
   ``KEY_REFRESH_SECONDS``, so a rotation is picked up without letting forged key ids make it call
-  the control plane per request.
+  the control plane per request. A token whose signature verified is remembered (at most
+  ``MAX_VERIFIED``, until the keys change), so the next request with it costs a lookup instead of
+  an Ed25519 verification; its dates, audience and versions are checked at every request. A node
+  sends the same ticket per (version, audience) until renewal, so a cache or tracker answering
+  every node's requests verifies each ticket once. Only tokens that verified are remembered: forged
+  ones cost a verification each time and evict nothing but older tokens.
 - **Holding** this node's own tickets for what it fetches from peers and caches.
   ``ticket_for(versions, audience)`` returns a ticket naming exactly ``versions`` (a fetch asks
   for the one version it fetches) and ``audience``, the node the ticket is sent to (a peer, a
@@ -36,9 +41,9 @@ from weightship.backoff import Backoff
 from weightship.errors import TemporaryError, WeightshipError
 from weightship.logs import event
 from weightship.schemas import TicketGrant, TicketKeys
-from weightship.tickets import Ticket, TicketInvalid, load_public_key, ticket_from_header, verify_ticket
+from weightship.tickets import Ticket, TicketInvalid, load_public_key, ticket_from_header, verify_ticket_signature
 
-__all__ = ["KEY_REFRESH_SECONDS", "MAX_HELD", "Audiences", "TicketKeeper", "TicketSource"]
+__all__ = ["KEY_REFRESH_SECONDS", "MAX_HELD", "MAX_VERIFIED", "Audiences", "TicketKeeper", "TicketSource"]
 
 log = logging.getLogger("agent.tickets")
 
@@ -46,6 +51,8 @@ log = logging.getLogger("agent.tickets")
 KEY_REFRESH_SECONDS = 30.0
 #: most tickets held at once (one per versions and audience); all are dropped past it
 MAX_HELD = 1024
+#: most verified tokens remembered at once (the oldest is forgotten past it)
+MAX_VERIFIED = 4096
 #: after a peer listener did not say its name, ask it again after this long
 IDENTITY_RETRY_SECONDS = 5.0
 
@@ -69,6 +76,9 @@ class TicketKeeper:
         #: this agent's node name: tickets naming another audience are refused here
         self.me = me
         self._keys: dict[str, Ed25519PublicKey] = {}
+        self._key_texts: dict[str, str] = {}
+        #: tokens whose signature verified under ``_keys``, oldest first
+        self._verified: dict[str, Ticket] = {}
         self._keys_read = float("-inf")
         self._held: dict[tuple[frozenset[str], str | None], tuple[TicketGrant, float]] = {}
         self._locks: dict[tuple[frozenset[str], str | None], asyncio.Lock] = {}
@@ -77,7 +87,12 @@ class TicketKeeper:
 
     def learn_keys(self, keys: dict[str, str]) -> None:
         """Add the keys of a ``TicketKeys`` or ``TicketGrant`` answer (and forget retired ones)."""
+        if keys == self._key_texts:
+            self._keys_read = time.monotonic()
+            return
         self._keys = {kid: load_public_key(text) for kid, text in keys.items()}
+        self._key_texts = dict(keys)
+        self._verified.clear()  # a retired key's tickets must verify again (and fail)
         self._keys_read = time.monotonic()
 
     async def refresh_keys(self) -> None:
@@ -88,15 +103,26 @@ class TicketKeeper:
     async def check(self, header: str | None, version: str) -> Ticket:
         """The ticket in ``header`` if it is genuine, in date and covers ``version``; else a ``Ticket*`` error."""
         token = ticket_from_header(header)
-        try:
-            ticket = verify_ticket(token, self._keys, self.clock())
-        except TicketInvalid:
-            if not await self._maybe_refresh():
-                raise
-            ticket = verify_ticket(token, self._keys, self.clock())
+        ticket = self._verified.get(token) if token else None
+        if ticket is None:
+            ticket = await self._verify(token)
+        ticket.require_in_date(self.clock())
         if self.me is not None and ticket.aud is not None:
             ticket.require_audience(self.me)
         ticket.require(version)
+        return ticket
+
+    async def _verify(self, token: str | None) -> Ticket:
+        try:
+            ticket = verify_ticket_signature(token, self._keys)
+        except TicketInvalid:
+            if not await self._maybe_refresh():
+                raise
+            ticket = verify_ticket_signature(token, self._keys)
+        assert token is not None  # verify_ticket_signature refuses a missing one
+        if len(self._verified) >= MAX_VERIFIED:
+            del self._verified[next(iter(self._verified))]
+        self._verified[token] = ticket
         return ticket
 
     async def _maybe_refresh(self) -> bool:

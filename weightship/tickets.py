@@ -66,6 +66,7 @@ __all__ = [
     "sign_ticket",
     "ticket_from_header",
     "verify_ticket",
+    "verify_ticket_signature",
 ]
 
 #: the ``Authorization`` scheme: ``Authorization: Ticket <token>``
@@ -147,6 +148,15 @@ class Ticket:
                 f"good only at the node it was issued for: the requester asks the control plane for one naming "
                 f"{me!r} (POST /v1/tickets with audience)"
             )
+
+    def require_in_date(self, now: float) -> None:
+        """Raise ``TicketExpired`` past ``exp``, ``TicketInvalid`` before ``iat`` (both with ``CLOCK_SKEW_SECONDS``)."""
+        if now > self.exp + CLOCK_SKEW_SECONDS:
+            raise TicketExpired(
+                f"ticket of node {self.node!r} expired {int(now - self.exp)} s ago; the node renews it (POST /v1/tickets)"
+            )
+        if now + CLOCK_SKEW_SECONDS < self.iat:
+            raise TicketInvalid(f"ticket of node {self.node!r} is issued in the future: check the clocks")
 
     def covers(self, version: str) -> bool:
         """Whether the ticket names ``version``."""
@@ -267,6 +277,18 @@ def verify_ticket(token: str | None, public_keys: Mapping[str, Ed25519PublicKey]
     401) or ``TicketExpired`` (403). Whether it covers a version is the caller's check
     (``Ticket.require``).
     """
+    ticket = verify_ticket_signature(token, public_keys)
+    ticket.require_in_date(now)
+    return ticket
+
+
+def verify_ticket_signature(token: str | None, public_keys: Mapping[str, Ed25519PublicKey]) -> Ticket:
+    """The ticket ``token`` carries, once its signature verifies with ``public_keys[kid]``; not its dates.
+
+    The same token always gives the same answer under the same keys, so a checker may remember the
+    tokens that passed (``agent.tickets``), as long as it forgets them when its keys change and
+    still calls ``Ticket.require_in_date`` at every use.
+    """
     if not token:
         raise TicketMissing("no ticket: send 'Authorization: Ticket <token>' (the node gets one with POST /v1/tickets)")
     if len(token) > MAX_TICKET_CHARS:
@@ -289,10 +311,4 @@ def verify_ticket(token: str | None, public_keys: Mapping[str, Ed25519PublicKey]
         key.verify(signature, body)
     except InvalidSignature as exc:
         raise TicketInvalid("ticket signature does not verify: the ticket was altered or forged") from exc
-    if now > ticket.exp + CLOCK_SKEW_SECONDS:
-        raise TicketExpired(
-            f"ticket of node {ticket.node!r} expired {int(now - ticket.exp)} s ago; the node renews it (POST /v1/tickets)"
-        )
-    if now + CLOCK_SKEW_SECONDS < ticket.iat:
-        raise TicketInvalid(f"ticket of node {ticket.node!r} is issued in the future: check the clocks")
     return ticket

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import httpx
 import pytest
 
+import agent.tickets
 from agent.controlplane_client import ControlPlaneClient
 from agent.tickets import TicketKeeper
 from tests.controlplane.conftest import (
@@ -22,7 +24,14 @@ from tests.controlplane.conftest import (
 )
 from weightship.errors import ForbiddenError
 from weightship.testing import ManualClock
-from weightship.tickets import TicketExpired, TicketNotCovering
+from weightship.tickets import (
+    TicketExpired,
+    TicketInvalid,
+    TicketNotCovering,
+    new_private_key,
+    public_key_text,
+    verify_ticket_signature,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,5 +83,53 @@ async def test_a_ticket_is_reused_until_half_its_life_then_renewed(
         clock.now += 2000
         with pytest.raises(TicketExpired):
             await keeper.check(f"Ticket {first}", digests["v1"])
+    finally:
+        await client.aclose()
+
+
+async def test_a_verified_ticket_is_remembered_but_its_dates_versions_and_keys_still_count(
+    live_controlplane: LiveControlPlane, node_token: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token, digests = node_token
+    verified: list[str | None] = []
+
+    def counting(token: str | None, keys: Any) -> Any:
+        verified.append(token)
+        return verify_ticket_signature(token, keys)
+
+    monkeypatch.setattr(agent.tickets, "verify_ticket_signature", counting)
+    monkeypatch.setattr(agent.tickets, "MAX_VERIFIED", 2)
+    clock = ManualClock(time.time())
+    client = ControlPlaneClient(live_controlplane.url, token)
+    holder = TicketKeeper(client, clock=clock)
+    checker = TicketKeeper(client, clock=clock, me="cache-1")
+    try:
+        ticket = await holder.ticket_for([digests["v1"]], audience="cache-1")
+        await checker.refresh_keys()
+        for _ in range(3):
+            assert (await checker.check(f"Ticket {ticket}", digests["v1"])).node == "gpu-1"
+        assert verified == [ticket]  # one Ed25519 verification for three requests
+        with pytest.raises(TicketNotCovering):
+            await checker.check(f"Ticket {ticket}", digests["v2"])
+        body, _, signature = ticket.partition(".")
+        forged = f"{body}.{signature[::-1]}"
+        for _ in range(2):
+            with pytest.raises(TicketInvalid):
+                await checker.check(f"Ticket {forged}", digests["v1"])
+        assert verified == [ticket, forged, forged]  # a token that failed is never remembered
+        # Past MAX_VERIFIED the oldest token is forgotten: it verifies again at its next use.
+        others = [await holder.ticket_for(wanted, audience="cache-1") for wanted in ([digests["v2"]], [digests["v1"], digests["v2"]])]
+        await checker.check(f"Ticket {others[0]}", digests["v2"])
+        await checker.check(f"Ticket {others[1]}", digests["v2"])
+        await checker.check(f"Ticket {ticket}", digests["v1"])
+        assert verified[-3:] == [others[0], others[1], ticket]
+        clock.now += 2000
+        with pytest.raises(TicketExpired):
+            await checker.check(f"Ticket {ticket}", digests["v1"])
+        clock.now -= 2000
+        # New keys (the signing key retired): the remembered ticket is checked again, and refused.
+        checker.learn_keys({"other": public_key_text(new_private_key().public_key())})
+        with pytest.raises(TicketInvalid):
+            await checker.check(f"Ticket {ticket}", digests["v1"])
     finally:
         await client.aclose()
